@@ -1,0 +1,107 @@
+"""The one frozen config: user knobs validated, and the cache layout resolved, at construction.
+
+Nothing reads a block size from anywhere but `EngineConfig.cache`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from runtime.cache.layout import CacheLayout, build_layout, resolve_block_size
+from runtime.cache.spec import AttentionSpec, MambaSpec
+from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
+from runtime.models import resolve
+from runtime.models.interface import ModelDeclaration
+
+logger = logging.getLogger("tandem")
+
+# Tokens per attention page must be a multiple of this for the attention backend.
+ATTENTION_ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    block_size: int | None = None
+    enable_prefix_caching: bool = False
+    mamba_ssm_dtype: str = "auto"
+    max_model_len: int | None = None
+    attention_alignment: int = ATTENTION_ALIGNMENT
+
+    hf_config: HFConfig = field(init=False, repr=False)
+    declaration: type[ModelDeclaration] = field(init=False, repr=False)
+    cache: CacheLayout = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ConfigError(f"block_size must be a positive number of tokens, got {self.block_size}")
+        raw = load_raw_config(self.model)
+        declaration = resolve(architecture_of(raw))
+        object.__setattr__(self, "declaration", declaration)
+        object.__setattr__(self, "hf_config", declaration.read_config(raw))
+        object.__setattr__(self, "cache", self._resolve_cache())
+
+    @cached_property
+    def model_dtype(self) -> str:
+        return self.hf_config.dtype if self.dtype == "auto" else canonical_dtype(self.dtype)
+
+    @cached_property
+    def ssm_dtype(self) -> str | None:
+        return None if self.mamba_ssm_dtype == "auto" else canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype")
+
+    @property
+    def model_dir(self) -> Path:
+        path = Path(self.model)
+        return path if path.is_dir() else path.parent
+
+    def _resolve_cache(self) -> CacheLayout:
+        decl, cfg, tp = self.declaration, self.hf_config, self.tensor_parallel_size
+        layers = decl.layout(cfg)
+        assert set(layers) <= decl.layer_kinds, f"{decl.__name__}.layout gave undeclared layer kinds"
+        attention = mamba = None
+        if any(kind.has_state for kind in layers):
+            state = decl.mamba_state(cfg, tp, self.model_dtype, self.ssm_dtype)
+            mamba = MambaSpec(state.shapes, state.dtypes)
+        attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
+        if self.enable_prefix_caching and mamba is not None and decl.mamba_chunk_size(cfg) is None:
+            raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
+        block_size = resolve_block_size(
+            attn_bytes_per_token=None if attn_shape is None else AttentionSpec(
+                1, attn_shape.num_kv_heads, attn_shape.head_size, self.model_dtype
+            ).bytes_per_token,
+            mamba_page=None if mamba is None else mamba.unpadded_page_size_bytes,
+            user_block_size=self.block_size,
+            alignment=self.attention_alignment,
+            chunk_size=decl.mamba_chunk_size(cfg) if mamba is not None else None,
+            prefix_caching=self.enable_prefix_caching,
+        )
+        if attn_shape is not None:
+            attention = AttentionSpec(block_size, attn_shape.num_kv_heads, attn_shape.head_size, self.model_dtype)
+        layout = build_layout(layers, attention, mamba)
+        _log_resolution(layout, user_block_size=self.block_size)
+        return layout
+
+
+def _log_resolution(layout: CacheLayout, user_block_size: int | None) -> None:
+    if layout.attention is None or layout.mamba is None:
+        return
+    if user_block_size is None:
+        logger.info(
+            "Setting attention block size to %d tokens so that an attention page (%d B) "
+            "is at least a Mamba state page (%d B).",
+            layout.block_size,
+            layout.attention.page_size_bytes,
+            layout.mamba.unpadded_page_size_bytes,
+        )
+    logger.info(
+        "Padding the Mamba page by %.2f%% so that Mamba and attention pages are equal (%d B).",
+        layout.mamba.padding_pct,
+        layout.page_size_bytes,
+    )

@@ -1,0 +1,49 @@
+"""The model registry: HF `architectures` names to declaration classes, imported lazily.
+
+The runtime and the docs generator share this one list, so the docs cannot name a
+model the runtime does not know. Declarations import no torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+from runtime.hf_config import ConfigError
+from runtime.models.interface import ModelDeclaration, validate_declaration
+
+REGISTRY: dict[str, str] = {
+    "BambaForCausalLM": "runtime.models.bamba",
+    "FalconH1ForCausalLM": "runtime.models.falcon_h1",
+    "GraniteForCausalLM": "runtime.models.granite",
+    "GraniteMoeHybridForCausalLM": "runtime.models.granitemoehybrid",
+    "JambaForCausalLM": "runtime.models.jamba",
+    "Lfm2ForCausalLM": "runtime.models.lfm2",
+    "LlamaForCausalLM": "runtime.models.llama",
+    "Mamba2ForCausalLM": "runtime.models.mamba2",
+    "MambaForCausalLM": "runtime.models.mamba",
+    "NemotronHForCausalLM": "runtime.models.nemotron_h",
+    "Qwen3NextForCausalLM": "runtime.models.qwen3_next",
+    "Zamba2ForCausalLM": "runtime.models.zamba2",
+}
+
+
+class UnknownArchitecture(ConfigError):
+    pass
+
+
+@functools.cache
+def resolve(architecture: str) -> type[ModelDeclaration]:
+    """The validated declaration class for an HF architecture name."""
+    if architecture not in REGISTRY:
+        raise UnknownArchitecture(
+            f"unknown architecture {architecture!r}; supported architectures: {', '.join(sorted(REGISTRY))}"
+        )
+    cls = getattr(importlib.import_module(REGISTRY[architecture]), architecture)
+    assert cls.architecture == architecture, f"{cls.__name__} registered as {architecture}"
+    validate_declaration(cls)
+    return cls
+
+
+def all_declarations() -> list[type[ModelDeclaration]]:
+    return [resolve(architecture) for architecture in sorted(REGISTRY)]

@@ -1,0 +1,25 @@
+"""Capability sets shared by several declarations, so that each model file states only what differs."""
+
+from __future__ import annotations
+
+from runtime.models.interface import Capabilities, Feature, Support, planned, unsupported
+
+NOT_ON_ENGINE = planned("The forward pass has not landed on the engine yet.")
+SINGLE_DEVICE = planned("`tandem plan --tp N` computes per-rank shapes; the engine runs on one device.")
+NO_PREFIX_CACHING = planned("Prefix caching is not implemented; the block-size resolver already accounts for it.")
+NO_CUDA_GRAPHS = planned("Decode runs eagerly; CUDA graph capture is not implemented.")
+
+
+def capabilities(engine: Support = NOT_ON_ENGINE, **overrides: Support) -> Capabilities:
+    """The engine status plus every feature, defaulting to what the engine does today."""
+    features = {
+        Feature.PREFIX_CACHING: NO_PREFIX_CACHING,
+        Feature.CHUNKED_PREFILL: NOT_ON_ENGINE,
+        Feature.CUDA_GRAPHS: NO_CUDA_GRAPHS,
+        Feature.TENSOR_PARALLEL: SINGLE_DEVICE,
+        Feature.PIPELINE_PARALLEL: unsupported(),
+        Feature.LORA: unsupported(),
+    }
+    for name, support in overrides.items():
+        features[Feature[name.upper()]] = support
+    return Capabilities(engine=engine, features=features)

@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from runtime.models.common import capabilities
+from runtime.models.llama import LlamaForCausalLM
+
+
+class GraniteForCausalLM(LlamaForCausalLM):
+    """Llama's layout with Granite's embedding, residual, attention and logits multipliers."""
+
+    architecture = "GraniteForCausalLM"
+    model_name = "Granite"
+    example_models = ("ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct")
+    capabilities = capabilities()

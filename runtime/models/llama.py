@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from runtime.hf_config import HFConfig
+from runtime.models.common import capabilities
+from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration
+from runtime.models.shapes import attention_shape
+
+
+class LlamaForCausalLM(ModelDeclaration):
+    architecture = "LlamaForCausalLM"
+    model_name = "Llama"
+    example_models = ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B-Instruct")
+    layer_kinds = frozenset({LayerKind.ATTENTION})
+    capabilities = capabilities()
+    defaults = {"num_attention_heads": 32, "num_hidden_layers": 32, "hidden_size": 4096}
+
+    @classmethod
+    def layout(cls, cfg: HFConfig) -> tuple[LayerKind, ...]:
+        return (LayerKind.ATTENTION,) * cfg.positive_int("num_hidden_layers")
+
+    @classmethod
+    def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
+        heads = cfg.positive_int("num_attention_heads")
+        return attention_shape(
+            cls.architecture,
+            num_heads=heads,
+            num_kv_heads=cfg.first("num_key_value_heads", default=heads),
+            head_size=cfg.first("head_dim", default=cfg.positive_int("hidden_size") // heads),
+            tp=tp,
+        )
