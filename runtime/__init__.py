@@ -4,4 +4,16 @@
 resolved lazily so that declarations and `tandem plan` never import torch.
 """
 
+from __future__ import annotations
+
+import importlib
+
 __all__ = ["LLM", "SamplingParams", "RequestOutput"]
+
+_LOCATIONS = {"LLM": "runtime.llm", "SamplingParams": "runtime.sampling_params", "RequestOutput": "runtime.outputs"}
+
+
+def __getattr__(name: str):
+    if name in _LOCATIONS:
+        return getattr(importlib.import_module(_LOCATIONS[name]), name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

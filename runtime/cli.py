@@ -9,6 +9,7 @@ import sys
 
 # Subcommands are imported only when named, so that `tandem plan` never imports torch.
 SUBCOMMANDS = {
+    "generate": "runtime.generate",
     "plan": "runtime.plan",
 }
 

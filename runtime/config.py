@@ -20,6 +20,8 @@ logger = logging.getLogger("tandem")
 
 # Tokens per attention page must be a multiple of this for the attention backend.
 ATTENTION_ALIGNMENT = 16
+DEFAULT_MAX_MODEL_LEN = 8192
+DEFAULT_BATCHED_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -32,21 +34,47 @@ class EngineConfig:
     mamba_ssm_dtype: str = "auto"
     max_model_len: int | None = None
     attention_alignment: int = ATTENTION_ALIGNMENT
+    # Engine knobs (read by the engine, not by `tandem plan`).
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    kv_cache_memory_bytes: int | None = None
+    num_pages: int | None = None
+    seed: int = 0
+    device: str = "auto"
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
     cache: CacheLayout = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
-        if self.block_size is not None and self.block_size < 1:
-            raise ConfigError(f"block_size must be a positive number of tokens, got {self.block_size}")
+        self._check_positive()
         raw = load_raw_config(self.model)
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)
         object.__setattr__(self, "hf_config", declaration.read_config(raw))
         object.__setattr__(self, "cache", self._resolve_cache())
+
+    def _check_positive(self) -> None:
+        for name in ("tensor_parallel_size", "block_size", "max_model_len", "max_num_seqs",
+                     "max_num_batched_tokens", "kv_cache_memory_bytes", "num_pages"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    @cached_property
+    def derived_max_model_len(self) -> int:
+        """max_model_len, else the config's max_position_embeddings, else 8192."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return self.hf_config.first("max_position_embeddings", "n_positions", default=DEFAULT_MAX_MODEL_LEN)
+
+    @cached_property
+    def derived_max_num_batched_tokens(self) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        # Without chunked prefill a whole prompt must fit in one step.
+        return DEFAULT_BATCHED_TOKENS if self.enable_chunked_prefill else self.derived_max_model_len
 
     @cached_property
     def model_dtype(self) -> str:

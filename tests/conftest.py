@@ -3,3 +3,31 @@ import os
 # Triton kernels run on CPU only through the interpreter, and only if this is set
 # before triton is first imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    from tiny_models import build_tokenizer
+
+    directory = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tokenizer_dir):
+    """tiny_checkpoint(name, **overrides) -> (directory, HF model); built once per name and overrides."""
+    from tiny_models import build_model
+
+    built = {}
+
+    def make(name: str, **overrides):
+        key = (name, tuple(sorted(overrides.items())))
+        if key not in built:
+            directory = tmp_path_factory.mktemp(name)
+            built[key] = (directory, build_model(name, directory, tokenizer_dir, **overrides))
+        return built[key]
+
+    return make

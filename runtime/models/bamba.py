@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.common import capabilities
-from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration
+from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import attention_shape, mamba2_state_shape
 
 # transformers' BambaConfig defaults for the fields the declaration reads.
@@ -37,7 +37,8 @@ class BambaForCausalLM(ModelDeclaration):
     model_name = "Bamba"
     example_models = ("ibm-ai-platform/Bamba-9B", "ibm-ai-platform/Bamba-9B-v2")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA2})
-    capabilities = capabilities()
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.bamba:BambaForCausalLM"
     defaults = MAMBA2_HYBRID_DEFAULTS
 
     @classmethod

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from runtime.models.interface import Capabilities, Feature, Support, planned, unsupported
+from runtime.models.interface import Capabilities, Feature, Support, planned, supported, unsupported
 
+ON_ENGINE = supported()
 NOT_ON_ENGINE = planned("The forward pass has not landed on the engine yet.")
 SINGLE_DEVICE = planned("`tandem plan --tp N` computes per-rank shapes; the engine runs on one device.")
 NO_PREFIX_CACHING = planned("Prefix caching is not implemented; the block-size resolver already accounts for it.")

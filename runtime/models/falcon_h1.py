@@ -14,6 +14,7 @@ class FalconH1ForCausalLM(BambaForCausalLM):
     example_models = ("tiiuae/Falcon-H1-0.5B-Instruct", "tiiuae/Falcon-H1-7B-Instruct")
     layer_kinds = frozenset({LayerKind.PARALLEL})
     capabilities = capabilities()
+    implementation = None
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "mamba_d_ssm": 1024}
 
     @classmethod

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from runtime.models.common import capabilities
+from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.interface import supported
 from runtime.models.llama import LlamaForCausalLM
 
 
@@ -10,4 +11,5 @@ class GraniteForCausalLM(LlamaForCausalLM):
     architecture = "GraniteForCausalLM"
     model_name = "Granite"
     example_models = ("ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct")
-    capabilities = capabilities()
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.llama:GraniteForCausalLM"

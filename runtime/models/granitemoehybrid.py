@@ -34,6 +34,7 @@ class GraniteMoeHybridForCausalLM(BambaForCausalLM):
     model_name = "Granite 4.0-H"
     example_models = ("ibm-granite/granite-4.0-h-tiny", "ibm-granite/granite-4.0-h-small")
     capabilities = capabilities()
+    implementation = None
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "num_key_value_heads": None}
 
     @classmethod

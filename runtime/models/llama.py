@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from runtime.hf_config import HFConfig
-from runtime.models.common import capabilities
-from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration
+from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import attention_shape
 
 
@@ -11,7 +11,8 @@ class LlamaForCausalLM(ModelDeclaration):
     model_name = "Llama"
     example_models = ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B-Instruct")
     layer_kinds = frozenset({LayerKind.ATTENTION})
-    capabilities = capabilities()
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.llama:LlamaForCausalLM"
     defaults = {"num_attention_heads": 32, "num_hidden_layers": 32, "hidden_size": 4096}
 
     @classmethod

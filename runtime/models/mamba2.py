@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from runtime.hf_config import HFConfig
-from runtime.models.common import capabilities
-from runtime.models.interface import LayerKind, ModelDeclaration
+from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.interface import LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import mamba2_state_shape
 
 
@@ -13,7 +13,8 @@ class Mamba2ForCausalLM(ModelDeclaration):
     model_name = "Mamba2"
     example_models = ("state-spaces/mamba2-130m", "state-spaces/mamba2-2.7b", "mistralai/Mamba-Codestral-7B-v0.1")
     layer_kinds = frozenset({LayerKind.MAMBA2})
-    capabilities = capabilities()
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.mamba2:Mamba2ForCausalLM"
     defaults = {
         "hidden_size": 4096,
         "num_hidden_layers": 64,

@@ -1,0 +1,47 @@
+"""The per-step metadata every cache-bearing layer reads, built once per step by the runner.
+
+Set with `with forward_context(ctx):` so that model `forward(input_ids, positions)`
+signatures stay clean and the context cannot outlive its step.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
+
+
+@dataclass(frozen=True)
+class ForwardContext:
+    # Decode sequences come first in the packed batch, one token each; prefill chunks follow.
+    num_decodes: int
+    num_prefill_tokens: int
+    attention: AttentionMetadata | None
+    block_tables: tuple[torch.Tensor, ...]  # per attention group: (S, max_blocks) int32 page ids
+    slot_mappings: tuple[torch.Tensor, ...]  # per attention group: (T,) int64
+    mamba_prefill: MambaPrefillMetadata | None
+    decode_state_indices: tuple[torch.Tensor, ...]  # per state group: (num_decodes,) int64 page ids
+    prefill_state_indices: tuple[torch.Tensor, ...]  # per state group: (num_prefills,) int64 page ids
+
+
+_current: ForwardContext | None = None
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    global _current
+    assert _current is None, "forward contexts do not nest"
+    _current = ctx
+    try:
+        yield ctx
+    finally:
+        _current = None
+
+
+def get_forward_context() -> ForwardContext:
+    assert _current is not None, "a cache-bearing layer ran outside forward_context()"
+    return _current

@@ -1,0 +1,224 @@
+"""The engine: requests in, one scheduler step and one forward pass at a time, outputs out.
+
+`LLM.generate` drives it to completion; the server drives the same loop asynchronously.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from runtime.cache.manager import CacheManager
+from runtime.config import EngineConfig
+from runtime.models.interface import Feature, Status
+from runtime.outputs import CompletionOutput, RequestOutput
+from runtime.runner import ModelRunner
+from runtime.sampler import Sampler
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler, SchedulerLimits
+from runtime.sequence import Sequence
+
+logger = logging.getLogger("tandem")
+
+Prompt = str | dict[str, Any]
+
+
+def check_capabilities(config: EngineConfig) -> None:
+    """Refuse what the model's declaration says it cannot do, with the declaration's own note."""
+    decl = config.declaration
+    caps = decl.capabilities
+
+    def require(support, what: str) -> None:
+        if support.status not in (Status.SUPPORTED, Status.PARTIAL):
+            note = f": {support.note}" if support.note else ""
+            raise ValueError(f"{decl.architecture} does not support {what} ({support.status.value}{note})")
+
+    require(caps.engine, "the engine")
+    if config.enable_prefix_caching:
+        require(caps.feature(Feature.PREFIX_CACHING), "prefix caching")
+    if config.tensor_parallel_size > 1:
+        require(caps.feature(Feature.TENSOR_PARALLEL), "tensor parallelism")
+    if config.enable_chunked_prefill:
+        require(caps.feature(Feature.CHUNKED_PREFILL), "chunked prefill (pass enable_chunked_prefill=False)")
+
+
+def eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
+    ids = set()
+    generation = config.model_dir / "generation_config.json"
+    if generation.is_file():
+        eos = json.loads(generation.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        check_capabilities(config)
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        torch.manual_seed(config.seed)
+        self.runner = ModelRunner(config)
+        self.cache = CacheManager(config.cache, self.runner.num_pages)
+        self.max_model_len = self._fit_max_model_len()
+        limits = SchedulerLimits(config.max_num_seqs, config.derived_max_num_batched_tokens,
+                                 config.enable_chunked_prefill)
+        if not config.enable_chunked_prefill and limits.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={limits.max_num_batched_tokens} is smaller than max_model_len="
+                f"{self.max_model_len}; without chunked prefill a whole prompt must fit in one step"
+            )
+        self.scheduler = Scheduler(self.cache, limits)
+        self.sampler = Sampler()
+        self.eos_token_ids = eos_token_ids(config, self.tokenizer)
+        self._ids = itertools.count()
+        self._arrivals = itertools.count()
+        self._seqs: dict[str, Sequence] = {}
+        self._generators: dict[str, torch.Generator | None] = {}
+
+    def _fit_max_model_len(self) -> int:
+        layout, wanted = self.config.cache, self.config.derived_max_model_len
+        if self.cache.num_pages >= layout.pages_per_sequence(wanted):
+            return wanted
+        blocks = (self.cache.num_pages - layout.num_state_groups) // max(1, layout.num_attention_groups)
+        fits = blocks * (layout.block_size or 0)
+        if self.config.max_model_len is not None or fits < 1:
+            raise ValueError(
+                f"the page pool ({self.cache.num_pages} pages) cannot hold one sequence of max_model_len={wanted} "
+                f"tokens (it needs {layout.pages_per_sequence(wanted)} pages); raise kv_cache_memory_bytes or "
+                f"num_pages, or lower max_model_len to {fits} or less"
+            )
+        logger.warning("max_model_len lowered from %d to %d tokens to fit the page pool", wanted, fits)
+        return fits
+
+    # Requests -----------------------------------------------------------------------------------
+
+    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        raise ValueError('a prompt is a string or {"prompt_token_ids": [...]}')
+
+    def validate(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens, more than fits in max_model_len={self.max_model_len} "
+                "with room for one new token; shorten the prompt or raise max_model_len"
+            )
+        vocab = self.runner.model.config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
+                    stream: bool = False) -> str:
+        """Queue a request. With `stream`, every step that advances it returns an output, not only the last."""
+        text, token_ids = self.tokenize(prompt)
+        self.validate(token_ids)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seq = Sequence(request_id, token_ids, params, arrival=next(self._arrivals), prompt=text, stream=stream)
+        self._seqs[request_id] = seq
+        self._generators[request_id] = (
+            torch.Generator(device=self.runner.device).manual_seed(params.seed) if params.seed is not None else None
+        )
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its pages; unknown or finished ids are ignored."""
+        seq = self._seqs.get(request_id)
+        if seq is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "abort")
+            self._forget(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # The step -----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample; return outputs of finished and streaming requests."""
+        batch = self.scheduler.schedule()
+        assert batch or not self.has_unfinished(), "the scheduler made no progress"
+        if not batch:
+            return []
+        seqs, logits = self.runner.execute(batch)
+        self.scheduler.update(batch)
+        if not seqs:
+            return []
+        banned = [self._banned(seq) for seq in seqs]
+        sampled = self.sampler(logits, [s.params for s in seqs], [self._generators[s.request_id] for s in seqs],
+                               banned)
+        outputs = []
+        for i, seq in enumerate(seqs):
+            self._append(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.sampled_logprobs[i])
+            if seq.is_finished or seq.stream:
+                outputs.append(self.output(seq))
+            if seq.is_finished:
+                self._forget(seq)
+        return outputs
+
+    def _banned(self, seq: Sequence) -> list[int]:
+        if len(seq.output_token_ids) >= seq.params.min_tokens:
+            return []
+        return sorted(set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_token_ids))
+
+    def _append(self, seq: Sequence, token: int, top: dict[int, float] | None, logprob: float | None) -> None:
+        seq.output_token_ids.append(token)
+        if top is not None:
+            seq.logprobs.append(top)
+            seq.cumulative_logprob += logprob
+        params = seq.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return self.scheduler.finish(seq, "stop")
+        if token in params.stop_token_ids:
+            return self.scheduler.finish(seq, "stop", token)
+        if params.stop and self._hit_stop_string(seq):
+            return None
+        if params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
+            return self.scheduler.finish(seq, "length")
+        if seq.num_tokens >= self.max_model_len:
+            return self.scheduler.finish(seq, "length")
+        return None
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        text = self.decode(seq)
+        found = [(text.find(s), s) for s in seq.params.stop if s in text]
+        if not found:
+            return False
+        index, stop = min(found)
+        seq.text = text[: index + len(stop)] if seq.params.include_stop_str_in_output else text[:index]
+        self.scheduler.finish(seq, "stop", stop)
+        return True
+
+    def decode(self, seq: Sequence) -> str:
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
+
+    def output(self, seq: Sequence) -> RequestOutput:
+        text = seq.text if seq.text is not None else self.decode(seq)
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=list(seq.output_token_ids),
+            cumulative_logprob=seq.cumulative_logprob if seq.params.logprobs is not None else None,
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+        return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion],
+                             finished=seq.is_finished, num_preemptions=seq.num_preemptions)
+
+    def _forget(self, seq: Sequence) -> None:
+        self._seqs.pop(seq.request_id, None)
+        self._generators.pop(seq.request_id, None)

@@ -1,0 +1,101 @@
+"""The Mamba-2 mixer over the shared pool: in_proj -> conv1d -> SSD scan | state update -> gated norm -> out_proj.
+
+Decodes come first in the packed batch (one token each, state update by page id);
+prefill chunks follow (varlen conv and chunked scan, starting from the cached state
+when a prompt is resumed).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runtime import kernels
+from runtime.context import get_forward_context
+from runtime.layers.norm import GatedRMSNorm
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(
+        self,
+        layer_idx: int,
+        *,
+        hidden_size: int,
+        d_inner: int,
+        num_heads: int,
+        head_dim: int,
+        n_groups: int,
+        d_state: int,
+        d_conv: int,
+        conv_bias: bool,
+        proj_bias: bool,
+        eps: float,
+        dt_limit: tuple[float, float],
+    ):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.d_inner, self.num_heads, self.head_dim = d_inner, num_heads, head_dim
+        self.n_groups, self.d_state, self.d_conv = n_groups, d_state, d_conv
+        self.conv_dim = d_inner + 2 * n_groups * d_state
+        self.dt_limit = (float(dt_limit[0]), float(dt_limit[1]))
+        self.in_proj = nn.Linear(hidden_size, d_inner + self.conv_dim + num_heads, bias=proj_bias)
+        # Holds the depthwise weights under HF's name; the kernels apply them.
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, bias=conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(num_heads))
+        self.A_log = nn.Parameter(torch.zeros(num_heads))
+        self.D = nn.Parameter(torch.ones(num_heads))
+        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // n_groups, eps=eps)
+        self.out_proj = nn.Linear(d_inner, hidden_size, bias=proj_bias)
+        self.group = -1  # state group, set when the pool is bound
+        self.conv_states: torch.Tensor | None = None  # (num_pages, d_conv - 1, conv_dim) view
+        self.ssm_states: torch.Tensor | None = None  # (num_pages, num_heads, head_dim, d_state) view
+
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (self.d_conv - 1, self.conv_dim), (self.num_heads, self.head_dim, self.d_state)
+
+    def bind(self, group: int, conv_states: torch.Tensor, ssm_states: torch.Tensor) -> None:
+        self.group, self.conv_states, self.ssm_states = group, conv_states, ssm_states
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (T, hidden_size) -> (T, hidden_size)."""
+        z, xbc, dt = self.in_proj(hidden).split([self.d_inner, self.conv_dim, self.num_heads], dim=-1)
+        xbc = self._conv(xbc)
+        x, B, C = xbc.split([self.d_inner, self.n_groups * self.d_state, self.n_groups * self.d_state], dim=-1)
+        y = self._ssm(
+            x.reshape(-1, self.num_heads, self.head_dim),
+            dt,
+            B.reshape(-1, self.n_groups, self.d_state),
+            C.reshape(-1, self.n_groups, self.d_state),
+        )
+        return self.out_proj(self.norm(y.view(-1, self.d_inner), z))
+
+    def _conv(self, xbc: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        nd, weight, bias = ctx.num_decodes, self.conv1d.weight.squeeze(1), self.conv1d.bias
+        out = torch.empty_like(xbc)
+        if nd:
+            out[:nd] = kernels.causal_conv1d_update(
+                xbc[:nd], weight, bias, self.conv_states, ctx.decode_state_indices[self.group]
+            )
+        if ctx.num_prefill_tokens:
+            out[nd:] = kernels.causal_conv1d_fn(
+                xbc[nd:], weight, bias, self.conv_states, ctx.prefill_state_indices[self.group], ctx.mamba_prefill
+            )
+        return out
+
+    def _ssm(self, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        nd = ctx.num_decodes
+        A = -torch.exp(self.A_log.float())
+        y = torch.empty_like(x)
+        if nd:
+            kernels.selective_state_update(
+                self.ssm_states, x[:nd], dt[:nd], A, B[:nd], C[:nd], self.D, self.dt_bias, self.dt_limit,
+                ctx.decode_state_indices[self.group], y[:nd],
+            )
+        if ctx.num_prefill_tokens:
+            kernels.ssd_scan(
+                x[nd:], dt[nd:], A, B[nd:], C[nd:], self.D, self.dt_bias, self.dt_limit, self.ssm_states,
+                ctx.prefill_state_indices[self.group], ctx.mamba_prefill, y[nd:],
+            )
+        return y

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+
+class CausalLM(nn.Module):
+    """What the model runner needs from every implementation."""
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.config = config
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: (T,) packed tokens of this step -> hidden states (T, hidden_size)."""
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+    def input_embeddings(self) -> nn.Embedding:
+        raise NotImplementedError
+
+    def tie_weights(self) -> None:
+        if getattr(self.config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.input_embeddings().weight
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """The parameter a checkpoint tensor loads into, or None to skip it."""
+        if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
+            return None
+        return name

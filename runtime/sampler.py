@@ -1,0 +1,85 @@
+"""Turning last-token logits into next tokens: greedy, temperature, top-k, top-p, seeds, logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # Per sequence, {token id: logprob} of the top-N tokens and the sampled one; None when not asked for.
+    logprobs: list[dict[int, float] | None]
+    sampled_logprobs: list[float | None]
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus (top-p); k <= 0 and p == 1 disable them."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    ranks = torch.arange(vocab, device=logits.device)
+    drop = ranks[None, :] >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+    drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+class Sampler:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        banned_token_ids: list[list[int]],
+    ) -> SamplerOutput:
+        logits = logits.float()
+        for row, banned in enumerate(banned_token_ids):
+            if banned:
+                logits[row, banned] = float("-inf")
+        token_ids = logits.argmax(dim=-1)
+        sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if sampled_rows:
+            token_ids[sampled_rows] = self._sample(logits[sampled_rows], [params[i] for i in sampled_rows],
+                                                   [generators[i] for i in sampled_rows])
+        token_list = token_ids.tolist()
+        logprobs, sampled = self._logprobs(logits, params, token_list)
+        return SamplerOutput(token_list, logprobs, sampled)
+
+    def _sample(self, logits: torch.Tensor, params: list[SamplingParams],
+                generators: list[torch.Generator | None]) -> torch.Tensor:
+        device = logits.device
+        temperature = torch.tensor([p.temperature for p in params], device=device)
+        top_k = torch.tensor([p.top_k for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        logits = _filter_top_k_top_p(logits / temperature[:, None], top_k, top_p)
+        probs = logits.softmax(dim=-1)
+        return torch.stack([
+            torch.multinomial(row, 1, generator=generator).squeeze(0)
+            for row, generator in zip(probs, generators)
+        ])
+
+    def _logprobs(self, logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int]):
+        wanted = [p.logprobs is not None for p in params]
+        if not any(wanted):
+            return [None] * len(params), [None] * len(params)
+        # Log-probabilities of the model's distribution, before temperature and filtering (as vLLM).
+        logprobs = logits.log_softmax(dim=-1)
+        tops, sampled = [], []
+        for row, (p, token) in enumerate(zip(params, token_ids)):
+            if p.logprobs is None:
+                tops.append(None)
+                sampled.append(None)
+                continue
+            values, ids = logprobs[row].topk(p.logprobs) if p.logprobs else (logprobs[row][:0], logprobs[row][:0])
+            top = dict(zip(ids.tolist(), values.tolist()))
+            top[token] = logprobs[row, token].item()
+            tops.append(top)
+            sampled.append(top[token])
+        return tops, sampled

@@ -1,0 +1,59 @@
+"""One request's tokens and its place in the page pool. Pure Python: no torch."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from runtime.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: int
+    prompt: str | None = None
+    stream: bool = False
+    status: SequenceStatus = SequenceStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    # Page ids, per attention group: the KV blocks, in order.
+    block_tables: list[list[int]] = field(default_factory=list)
+    # Page ids, per state group: this sequence's Mamba state page.
+    state_pages: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+    # Per generated token: {token id: logprob}, when logprobs were requested.
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    # Set when a stop string cut the text; otherwise the text is decoded from output_token_ids.
+    text: str | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def has_pages(self) -> bool:
+        return bool(self.state_pages) or any(self.block_tables)

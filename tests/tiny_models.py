@@ -1,0 +1,81 @@
+"""Tiny random HF checkpoints and an offline tokenizer, built with transformers' own classes.
+
+initializer_range=0.3 keeps the top-2 logit gap far above float noise, so greedy parity
+is decided by the model, not by 1e-5 rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+CORPUS = [
+    "The page pool holds attention blocks and Mamba states of equal size.",
+    "A hybrid model mixes attention layers with state-space layers.",
+    "Every model class declares what it supports and what it caches.",
+    "The scheduler batches prefills and decodes, and preempts when pages run out.",
+    "Chunked prefill processes a long prompt over several steps.",
+    "The quick brown fox jumps over the lazy dog, again and again.",
+    "Numbers like 1, 2, 3, 42 and 528 appear in the cache layout table.",
+    "Tandem generates text from the small model that ships with it.",
+] * 4
+
+VOCAB_SIZE = 320
+
+COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, initializer_range=0.3, pad_token_id=0, bos_token_id=1,
+              eos_token_id=2, tie_word_embeddings=False)
+ATTENTION = dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, max_position_embeddings=512)
+MAMBA2_HYBRID = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=16)
+
+CONFIGS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(COMMON, **ATTENTION, num_hidden_layers=2)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(
+        COMMON, **ATTENTION, num_hidden_layers=2, embedding_multiplier=2.0, attention_multiplier=0.2,
+        residual_multiplier=0.7, logits_scaling=1.5)),
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
+        COMMON, num_hidden_layers=2, num_heads=8, head_dim=16, n_groups=2, state_size=16, chunk_size=16,
+        expand=2)),
+    "bamba": ("BambaConfig", "BambaForCausalLM", dict(
+        COMMON, **ATTENTION, **MAMBA2_HYBRID, num_hidden_layers=3, attn_layer_indices=[1])),
+}
+
+
+def build_tokenizer(directory: Path) -> None:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>",
+                                                eos_token="</s>")
+    fast.save_pretrained(directory)
+
+
+def build_model(name: str, directory: Path, tokenizer_dir: Path, dtype=torch.float32, seed: int = 0, **overrides):
+    """Save a tiny random `name` checkpoint (and the tokenizer) into `directory`; return the HF model."""
+    config_class, model_class, kwargs = CONFIGS[name]
+    config = getattr(transformers, config_class)(**{**kwargs, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).to(dtype).eval()
+    model.save_pretrained(directory)
+    for path in tokenizer_dir.iterdir():
+        (directory / path.name).write_bytes(path.read_bytes())
+    return model
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """HF's own greedy continuation of one prompt, never stopping at EOS."""
+    input_ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def hf_last_logits(model, prompt_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([prompt_ids])).logits[0, -1].float()
