@@ -10,6 +10,7 @@ import sys
 # Subcommands are imported only when named, so that `tandem plan` never imports torch.
 SUBCOMMANDS = {
     "plan": "runtime.plan",
+    "matrix": "matrix.cli",
 }
 
 
