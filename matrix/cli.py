@@ -15,7 +15,7 @@ from typing import Callable
 
 from matrix import lint
 from matrix.docs import DEFAULT_ROOT, Result, display, docs_dir, examine
-from matrix.errors import MatrixError, UsageError
+from matrix.errors import MatrixError, StaleDocs, UsageError
 from matrix.files import read_text, write_atomic
 from matrix.targets import IDS, target
 
@@ -72,7 +72,7 @@ def run_check(args: argparse.Namespace) -> int:
             print(f"{result.doc.display}: generated region {region_id!r} is stale")
     print(f"{stale} stale region(s) and {glyphs} non-canonical glyph(s) in {files} file(s); "
           f"run `{fix_command(args.root)}`")
-    return 1
+    return StaleDocs.exit_code
 
 
 @reports_errors
@@ -112,7 +112,7 @@ def run_lint(args: argparse.Namespace) -> int:
     if total and not args.fix:
         paths = "".join(f" {shlex.quote(str(path))}" for path in args.paths)
         print(f"{total} non-canonical glyph(s); run `{fix_command(args.root, 'lint --fix')}{paths}`")
-        return 1
+        return StaleDocs.exit_code
     return 0
 
 
