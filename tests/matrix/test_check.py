@@ -139,3 +139,9 @@ def test_the_check_imports_no_torch_and_is_quick():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert float(result.stdout.splitlines()[-1]) < 5.0
+
+
+def test_a_root_without_docs_is_a_usage_error(cli, tmp_path):
+    ran = cli("check", "--root", str(tmp_path))
+    assert ran.code == 2
+    assert f"no docs/ directory under {tmp_path}; run from the repository or pass --root" in ran.err
