@@ -119,7 +119,9 @@ def run_lint(args: argparse.Namespace) -> int:
 def add_commands(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="matrix_command", metavar="COMMAND", required=True)
     root = argparse.ArgumentParser(add_help=False)
-    root.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="repository root holding docs/ (default: this checkout)")
+    root.add_argument(
+        "--root", type=Path, default=DEFAULT_ROOT, help="repository root holding docs/ (default: this checkout)"
+    )
     commands.add_parser("render", parents=[root], help="write every generated region and fix glyphs") \
         .set_defaults(run=run_render)
     commands.add_parser("check", parents=[root], help="exit 1 if a region is stale or a glyph is not canonical") \

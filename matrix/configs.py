@@ -16,6 +16,7 @@ from typing import Any
 from matrix.cells import Column, Footnotes, code
 from matrix.errors import BadDeclaration
 from matrix.vocabulary import NOT_APPLICABLE
+from runtime.cli import build_parser
 from runtime.config import EngineConfig
 from runtime.hf_config import load_raw_config
 
@@ -28,7 +29,13 @@ PUBLISHED_DTYPES = {
     "ibm-ai-platform__Bamba-9B": "bfloat16",
     "Zyphra__Zamba2-2.7B-Instruct-v2": "bfloat16",
 }
-DTYPE_NOTE = "The kept config.json states no dtype; the checkpoint is published in {dtype}, so the row uses `--dtype {dtype}`."
+NOT_APPLICABLE_MEANS = (
+    "an attention-free model has no attention block or page, and a model without recurrent layers "
+    "has no Mamba page; padding exists only where both do."
+)
+DTYPE_NOTE = (
+    "The kept config.json states no dtype; the checkpoint is published in {dtype}, so the row uses `--dtype {dtype}`."
+)
 
 
 def config_dirs(root: Path) -> list[Path]:
@@ -95,7 +102,13 @@ def cache_layout(root: Path) -> dict[str, Any]:
     columns += [Column(t, "--:") for t in (
         "Attention block (tokens)", "Mamba page (bytes)", "Attention page (bytes)", "Padding"
     )]
-    return {"columns": columns, "rows": rows, "notes": footnotes.notes, "not_applicable": NOT_APPLICABLE}
+    return {
+        "columns": columns,
+        "rows": rows,
+        "notes": footnotes.notes,
+        "not_applicable": NOT_APPLICABLE,
+        "not_applicable_means": NOT_APPLICABLE_MEANS,
+    }
 
 
 @dataclass(frozen=True)
@@ -105,9 +118,8 @@ class PlanExample:
     args: tuple[str, ...]
 
     def collect(self, root: Path) -> dict[str, Any]:
-        from runtime.cli import build_parser  # the real command line, so the output is the real output
-
         path, *options = self.args
+        # The real command line and the real command, so the docs show exactly what users see.
         args = build_parser(only="plan").parse_args(["plan", str(root / path), *options])
         out = io.StringIO()
         try:

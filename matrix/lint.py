@@ -48,12 +48,13 @@ def _hit_at(line: str, i: int, in_table: bool) -> _Hit | None:
     char = line[i]
     if char in CANONICAL and _selectors_end(line, i + 1) > i + 1:
         end = _selectors_end(line, i + 1)
-        return _Hit(i, end, "G001", char,
-                    f"variation selector after the status glyph {char} ({char_name(char)}); write it bare as {codepoints(char)}")
+        message = f"variation selector after the status glyph {char} ({char_name(char)}); write it bare"
+        return _Hit(i, end, "G001", char, f"{message} as {codepoints(char)}")
     if char in LOOKALIKES and in_table:
         glyph = LOOKALIKES[char]
-        return _Hit(i, _selectors_end(line, i + 1), "G004", glyph.char,
-                    f"lookalike {char} ({char_name(char)}) in a table cell; use {glyph.char} {codepoints(glyph.char)} ({glyph.name})")
+        use = f"{glyph.char} {codepoints(glyph.char)} ({glyph.name})"
+        message = f"lookalike {char} ({char_name(char)}) in a table cell; use {use}"
+        return _Hit(i, _selectors_end(line, i + 1), "G004", glyph.char, message)
     if char in VARIATION_SELECTORS:
         return _Hit(i, _selectors_end(line, i), "G002", "",
                     f"lone variation selector ({char_name(char)}); status glyphs are written bare, delete it")

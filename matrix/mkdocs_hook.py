@@ -34,7 +34,7 @@ def on_pre_build(config) -> None:
     """Validate every marker under docs/ and render every region once per build."""
     docs_dir = Path(config["docs_dir"])
     if docs_dir.name != "docs":
-        raise PluginError(f"generated docs: docs_dir must be a directory named docs (the tables read docs/configs), got {docs_dir}")
+        raise PluginError(f"generated docs: docs_dir must be named docs (the tables read docs/configs), not {docs_dir}")
     root = docs_dir.parent
     try:
         read_docs(root)

@@ -36,7 +36,7 @@ BREAKAGES = {
     ),
     "duplicate id in one file": (
         lambda root: edit(root / PAGE, "## Text generation\n", "## Text generation\n\n" + region("supported-models")),
-        "{PAGE}:{begin_plus_4}: duplicate generated region 'supported-models', also at {PAGE}:{begin}; keep one of them",
+        "{PAGE}:{begin_plus_4}: duplicate generated region 'supported-models', also at {PAGE}:{begin}; keep one",
     ),
     "duplicate id in two files": (
         lambda root: (root / "docs/extra.md").write_text("# Extra\n\n" + region("cache-layout")),
