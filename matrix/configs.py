@@ -61,9 +61,10 @@ def dtype_for(config_dir: Path) -> str:
     return dtype
 
 
-def engine_config(config_dir: Path, dtype: str) -> EngineConfig:
+def engine_config(config_dir: Path) -> EngineConfig:
+    """The config resolved as the runtime would resolve it; a config it refuses stops the render."""
     try:
-        return EngineConfig(model=str(config_dir), dtype=dtype)
+        return EngineConfig(model=str(config_dir), dtype=dtype_for(config_dir))
     except ValueError as err:
         raise BadDeclaration(f"{CONFIGS_DIR / config_dir.name}: {err}") from None
 
@@ -73,10 +74,9 @@ def number(value: int | None) -> str:
 
 
 def layout_row(config_dir: Path, footnotes: Footnotes) -> list[str]:
-    dtype = dtype_for(config_dir)
-    config = engine_config(config_dir, dtype)
+    config = engine_config(config_dir)
     layout = config.cache
-    note = DTYPE_NOTE.format(dtype=dtype) if dtype != "auto" else None
+    note = DTYPE_NOTE.format(dtype=config.dtype) if config.dtype != "auto" else None
     mamba_page = layout.mamba.unpadded_page_size_bytes if layout.mamba else None
     attention_page = layout.attention.page_size_bytes if layout.attention else None
     # Padding exists only where a Mamba page is padded up to an attention page.

@@ -149,3 +149,11 @@ def test_a_root_without_docs_is_a_usage_error(cli, tmp_path):
     ran = cli("check", "--root", str(tmp_path))
     assert ran.code == 2
     assert f"no docs/ directory under {tmp_path}; run from the repository or pass --root" in ran.err
+
+
+def test_a_kept_config_the_resolver_refuses_exits_3(cli, root):
+    (root / "docs/configs/broken__Model").mkdir()
+    (root / "docs/configs/broken__Model/config.json").write_text('{"architectures": ["NoSuchForCausalLM"]}')
+    ran = cli("check", "--root", str(root))
+    assert ran.code == 3
+    assert "docs/configs/broken__Model: unknown architecture 'NoSuchForCausalLM'" in ran.err
