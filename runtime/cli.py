@@ -11,6 +11,7 @@ import sys
 SUBCOMMANDS = {
     "generate": "runtime.generate",
     "plan": "runtime.plan",
+    "matrix": "matrix.cli",
 }
 
 

@@ -1,4 +1,4 @@
-"""`tandem plan` on every published config kept in tests/fixtures, against numbers derived by hand.
+"""`tandem plan` on every published config kept in docs/configs, against numbers derived by hand.
 
 Each expected value is worked out in the comment beside it (vLLM's rule: block = 16 x
 ceil(mamba_page / (16 x attention bytes per token)); padding = (block x per-token - mamba_page) / mamba_page).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "configs"
+FIXTURES = Path(__file__).parents[2] / "docs" / "configs"
 
 HYBRIDS = [
     # fixture, extra args, block, mamba page bytes, padding %

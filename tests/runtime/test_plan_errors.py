@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "configs"
+FIXTURES = Path(__file__).parents[2] / "docs" / "configs"
 BAMBA = FIXTURES / "ibm-ai-platform__Bamba-9B" / "config.json"
 
 

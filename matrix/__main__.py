@@ -1,0 +1,5 @@
+import sys
+
+from matrix.cli import main
+
+sys.exit(main())
