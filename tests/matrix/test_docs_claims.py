@@ -20,9 +20,6 @@ def llm_is_importable() -> bool:
 
 CLAIMS = [
     # (page, warning it carries while the feature is missing, whether the feature exists)
-    ("docs/index.md", '!!! warning "The engine is under construction"', llm_is_importable),
-    ("docs/usage/offline_inference.md", "`from runtime import LLM, SamplingParams` fails", llm_is_importable),
-    ("docs/usage/offline_inference.md", "`tandem generate` does not exist", lambda: "generate" in SUBCOMMANDS),
     ("docs/serving.md", "`tandem serve` does not exist yet", lambda: "serve" in SUBCOMMANDS),
 ]
 
