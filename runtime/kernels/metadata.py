@@ -41,7 +41,9 @@ def _offsets(lengths: list[int]) -> list[int]:
     return [0, *accumulate(lengths)]
 
 
-def build_attention_metadata(query_lens: list[int], seq_lens: list[int], device: torch.device | str) -> AttentionMetadata:
+def build_attention_metadata(
+    query_lens: list[int], seq_lens: list[int], device: torch.device | str
+) -> AttentionMetadata:
     assert len(query_lens) == len(seq_lens) > 0
     assert all(0 < q <= s for q, s in zip(query_lens, seq_lens)), "each sequence needs 1..seq_len new tokens"
     return AttentionMetadata(
