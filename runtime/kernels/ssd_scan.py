@@ -88,10 +88,14 @@ class _ChunkedInputs:
         valid = positions < chunk_lens[:, None]
         # Clamped indices make padded entries read a real (finite) token; their dt' = 0 cancels them.
         tokens = (cu_chunks[:-1, None] + positions).clamp(max=x.shape[0] - 1)
-        dt = dt[tokens].masked_fill_(~valid[..., None], 0.0)  # (K, L, H)
-        xdt = (x[tokens].float() * dt[..., None]).transpose(1, 2)
-        adt = (dt * A).transpose(1, 2)
-        return cls(xdt, adt, B[tokens].float().transpose(1, 2), C[tokens].float().transpose(1, 2), valid)
+
+        def by_chunk(t: Tensor) -> Tensor:  # (T, ...) -> (K, L, ...); index_select is the fast gather
+            return t.index_select(0, tokens.flatten()).unflatten(0, tokens.shape)
+
+        dt = by_chunk(dt).masked_fill_(~valid[..., None], 0.0)  # (K, L, H)
+        xdt = (by_chunk(x).float() * dt[..., None]).transpose(1, 2)
+        adt = (dt * A).transpose(1, 2).contiguous()
+        return cls(xdt, adt, by_chunk(B).float().transpose(1, 2), by_chunk(C).float().transpose(1, 2), valid)
 
     def heads_by_group(self, t: Tensor) -> Tensor:
         """(K, H, ...) -> (K, G, H // G, ...), to meet B and C, which are per group."""
@@ -126,10 +130,11 @@ def _segsum_exp(a: Tensor) -> Tensor:
     one long cumsum, which loses precision when the cumsum is large.
     """
     length = a.shape[-1]
-    lower = torch.ones(length, length, dtype=torch.bool, device=a.device).tril()
-    # sums[i, j] = a_{j+1} + ... + a_i: a cumsum over i of a_i placed strictly below the diagonal.
-    sums = torch.where(lower.tril(-1), a[..., :, None], 0.0).cumsum(-2)
-    return sums.exp_().masked_fill_(~lower, 0.0)
+    upper = torch.ones(length, length, dtype=torch.bool, device=a.device).triu()
+    # Built transposed, sums_t[j, i] = a_{j+1} + ... + a_i, so that the cumsum runs along the
+    # contiguous last dim (twice as fast on CPU as a cumsum over rows).
+    sums_t = torch.where(upper.triu(1), a[..., None, :], 0.0).cumsum(-1)
+    return sums_t.exp_().masked_fill_(~upper, 0.0).transpose(-1, -2)
 
 
 def _pass_states(
