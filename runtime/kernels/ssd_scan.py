@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from runtime.kernels.common import gather_initial_states, scatter_states, time_step
+from runtime.kernels.common import gather_initial_states, pass_states, scatter_states, time_step
 from runtime.kernels.metadata import MambaPrefillMetadata
 
 
@@ -57,7 +57,8 @@ def ssd_scan_ref(
     chunks = _ChunkedInputs.gather(x, time_step(dt, dt_bias, dt_limit), A, B, C, meta.cu_chunk_seqlens)
     y, chunk_states = chunks.intra_chunk()
     init = gather_initial_states(ssm_states, state_indices, meta.has_initial_state)
-    start_states, final_states = _pass_states(chunk_states, chunks.chunk_decay(), init, meta.last_chunk_indices)
+    decay = chunks.chunk_decay()[..., None, None]
+    start_states, final_states = pass_states(chunk_states, decay, init, meta.last_chunk_indices)
     y += chunks.from_start_states(start_states)
 
     # Row-major (chunk, position) order over the unpadded entries is exactly the packed token order.
@@ -135,24 +136,3 @@ def _segsum_exp(a: Tensor) -> Tensor:
     # contiguous last dim (twice as fast on CPU as a cumsum over rows).
     sums_t = torch.where(upper.triu(1), a[..., None, :], 0.0).cumsum(-1)
     return sums_t.exp_().masked_fill_(~upper, 0.0).transpose(-1, -2)
-
-
-def _pass_states(
-    chunk_states: Tensor, chunk_decay: Tensor, init: Tensor, last_chunk_indices: Tensor
-) -> tuple[Tensor, Tensor]:
-    """The sequential inter-chunk pass H_c = exp(Acs_last) H_{c-1} + S_c, restarting at each sequence.
-
-    Returns the state at each chunk's start (K, H, P, N) and each sequence's final state (S, H, P, N).
-    It steps through the k-th chunk of every sequence at once, so it loops max-chunks-per-sequence times.
-    """
-    last = last_chunk_indices.long()
-    first = torch.cat([last.new_zeros(1), last[:-1] + 1])
-    num_chunks = last - first + 1
-    state = init.clone()
-    start_states = torch.empty_like(chunk_states)
-    for k in range(int(num_chunks.max())):
-        seqs = torch.nonzero(num_chunks > k).squeeze(1)
-        chunk = first[seqs] + k
-        start_states[chunk] = state[seqs]
-        state[seqs] = chunk_decay[chunk][..., None, None] * state[seqs] + chunk_states[chunk]
-    return start_states, state
