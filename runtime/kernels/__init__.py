@@ -15,6 +15,7 @@ from runtime.kernels.metadata import (
 )
 from runtime.kernels.paged_attention import paged_attention_ref
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
+from runtime.kernels.selective_scan import selective_scan_ref, selective_state_update_mamba1_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
 
@@ -25,6 +26,8 @@ causal_conv1d_update = causal_conv1d_update_ref
 ssd_scan = ssd_scan_ref
 selective_state_update = selective_state_update_ref
 rms_norm_gated = rms_norm_gated_ref
+selective_scan = selective_scan_ref
+selective_state_update_mamba1 = selective_state_update_mamba1_ref
 
 __all__ = [
     "AttentionMetadata",
@@ -38,4 +41,6 @@ __all__ = [
     "ssd_scan",
     "selective_state_update",
     "rms_norm_gated",
+    "selective_scan",
+    "selective_state_update_mamba1",
 ]
