@@ -105,10 +105,11 @@ class _ChunkedInputs:
     def intra_chunk(self) -> tuple[Tensor, Tensor]:
         """Y_diag (K, H, L, P) and the state each chunk produces from a zero start, S_c (K, H, P, N)."""
         decay = _segsum_exp(self.adt)  # (K, H, L, L)
+        # The last row is exp(a_{j+1} + ... + a_{L-1}): each position's decay to the chunk's end.
+        decay_to_end = decay[..., -1, :].clone()  # (K, H, L)
         scores = self.C @ self.B.transpose(-1, -2)  # (K, G, L, L): C_i . B_j
         masked = self.heads_by_group(decay).mul_(scores[:, :, None]).flatten(1, 2)
         y = masked @ self.xdt
-        decay_to_end = torch.exp(self.acs[..., -1:] - self.acs)  # (K, H, L)
         weighted = self.heads_by_group((self.xdt * decay_to_end[..., None]).transpose(-1, -2))  # (K, G, R, P, L)
         states = weighted @ self.B[:, :, None]  # (K, G, R, P, N)
         return y, states.flatten(1, 2)
