@@ -7,12 +7,13 @@ Per sequence, token t, channel d, state n (A: (Dm, N), a separate decay per chan
     y_t   = h_t . C_t + D x_t, times silu(z_t) if z is given
 
 Unlike Mamba-2, the decay differs per state n, so there is no matmul (SSD) form. The prefill
-reference splits every sequence into sub-chunks of about sqrt(longest sequence) tokens and runs
-the recurrence over all sub-chunks at once, position by position: once from zero to get each
-sub-chunk's own end state, then (after the inter-chunk pass gives every sub-chunk its true start
-state) once more to produce y. That is about 3 sqrt(L) Python steps instead of L, all decays stay
-<= 1 (stable), and memory is O(num_sub_chunks * Dm * N). Math is float32; states are stored in
-their own dtype. Jamba's dt/B/C RMSNorms are applied by the caller, before this op.
+reference cuts every sequence into sub-chunks and runs the recurrence over all sub-chunks at
+once, position by position: once from zero to get each sub-chunk's own end state, then (after
+the inter-chunk pass gives every sub-chunk its true start state) once more to produce y. Python
+steps drop from L to about 2 x sub-chunk length + sub-chunks per sequence, all decays stay <= 1
+(stable), and memory is O(num_sub_chunks * Dm * N). When every sequence fits in one sub-chunk,
+the first pass is skipped. Math is float32; states are stored in their own dtype. Jamba's
+dt/B/C RMSNorms are applied by the caller, before this op.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from torch import Tensor
 
 from runtime.kernels.common import NO_DT_LIMIT, gather_initial_states, pass_states, scatter_states, time_step
 from runtime.kernels.metadata import MambaPrefillMetadata
+
+# Target size, in state elements, of one position step over all sub-chunks: about 4 MB of float32,
+# small enough to stay in cache (larger steps become memory-bound), large enough to hide the
+# per-step Python overhead.
+STEP_ELEMENTS = 1 << 20
 
 
 def selective_scan_ref(
@@ -40,6 +46,7 @@ def selective_scan_ref(
     state_indices: Tensor,
     meta: MambaPrefillMetadata,
     out: Tensor,
+    sub_chunk_len: int | None = None,
 ) -> Tensor:
     """Mamba-1 prefill of packed sequences, carrying SSM states in and out.
 
@@ -48,20 +55,23 @@ def selective_scan_ref(
     (num_slots, Dm, N); state_indices: (S,) (-1 = padding: no read, no write).
     y = scan + D x, times silu(z) if z is given. Each sequence starts from ssm_states[slot] if
     meta.has_initial_state else zeros; its final state is written back. Writes out and returns it.
-    Only meta.query_start_loc and meta.has_initial_state are used (the sub-chunks are internal).
+    Only meta.query_start_loc and meta.has_initial_state are used; sub_chunk_len overrides the
+    internal sub-chunk length (for tests), which does not change the result.
     """
     _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out)
     assert state_indices.shape == (meta.num_sequences,) and x.shape[0] == int(meta.query_start_loc[-1])
-    chunks = _SubChunks.build(meta.query_start_loc.long())
+    chunks = _SubChunks.build(meta.query_start_loc.long(), A.numel(), sub_chunk_len)
     dt = chunks.gather(time_step(dt, dt_bias, NO_DT_LIMIT))  # (L, K, Dm), 0 past each sub-chunk's end
     xdt = chunks.gather(x.float()) * dt
     B, C = chunks.gather(B.float()), chunks.gather(C.float())
 
-    local_end, _ = _recurrence(torch.zeros(*dt.shape[1:], A.shape[1], device=x.device), dt, xdt, A, B)
-    decay = torch.exp(dt.sum(0)[..., None] * A)  # (K, Dm, N): the decay across each whole sub-chunk
-    init = gather_initial_states(ssm_states, state_indices, meta.has_initial_state)
-    start_states, final_states = pass_states(local_end, decay, init, chunks.last_chunk_indices)
-    _, y = _recurrence(start_states, dt, xdt, A, B, C)
+    start_states = gather_initial_states(ssm_states, state_indices, meta.has_initial_state)
+    if not chunks.one_per_sequence:
+        local_end, _ = _recurrence(torch.zeros(*dt.shape[1:], A.shape[1], device=x.device), dt, xdt, A, B)
+        decay = torch.exp(dt.sum(0)[..., None] * A)  # (K, Dm, N): the decay across each whole sub-chunk
+        start_states, _ = pass_states(local_end, decay, start_states, chunks.last_chunk_indices)
+    end_states, y = _recurrence(start_states, dt, xdt, A, B, C)
+    final_states = end_states[chunks.last_chunk_indices]
 
     y = chunks.scatter(y)
     y += D.float() * x.float()
@@ -156,20 +166,30 @@ class _SubChunks:
         self.last_chunk_indices = last_chunk_indices  # (S,)
 
     @classmethod
-    def build(cls, query_start_loc: Tensor) -> _SubChunks:
+    def build(cls, query_start_loc: Tensor, state_numel: int, length: int | None = None) -> _SubChunks:
         seq_lens = query_start_loc[1:] - query_start_loc[:-1]
-        # sqrt balances the two sub-chunk passes (length steps each) against the inter-chunk pass.
-        length = max(1, math.isqrt(int(seq_lens.max()) - 1) + 1)
+        if length is None:
+            length = cls.default_length(int(seq_lens.max()), int(query_start_loc[-1]), state_numel)
+        device = seq_lens.device
         per_seq = (seq_lens + length - 1) // length
         last_chunk_indices = per_seq.cumsum(0) - 1
-        seq_of_chunk = torch.repeat_interleave(torch.arange(len(seq_lens), device=seq_lens.device), per_seq)
-        first_of_seq = last_chunk_indices - per_seq + 1
-        chunk_start = (torch.arange(len(seq_of_chunk), device=seq_lens.device) - first_of_seq[seq_of_chunk]) * length
-        chunk_start += query_start_loc[:-1][seq_of_chunk]
-        chunk_end = query_start_loc[1:][seq_of_chunk]
-        positions = chunk_start[None, :] + torch.arange(length, device=seq_lens.device)[:, None]
-        valid = positions < chunk_end
+        seq_of_chunk = torch.repeat_interleave(torch.arange(len(seq_lens), device=device), per_seq)
+        index_in_seq = torch.arange(len(seq_of_chunk), device=device) - (last_chunk_indices - per_seq + 1)[seq_of_chunk]
+        chunk_start = query_start_loc[:-1][seq_of_chunk] + index_in_seq * length
+        positions = chunk_start[None, :] + torch.arange(length, device=device)[:, None]
+        valid = positions < query_start_loc[1:][seq_of_chunk]
         return cls(positions.clamp(max=int(query_start_loc[-1]) - 1), valid, last_chunk_indices)
+
+    @staticmethod
+    def default_length(max_len: int, num_tokens: int, state_numel: int) -> int:
+        """Long enough that a step over all sub-chunks has about STEP_ELEMENTS state elements, and at
+        least sqrt(max_len), which balances the position passes against the inter-chunk pass."""
+        by_size = -(-num_tokens * state_numel // STEP_ELEMENTS)
+        return min(max_len, max(math.isqrt(max_len - 1) + 1, by_size))
+
+    @property
+    def one_per_sequence(self) -> bool:
+        return self.tokens.shape[1] == self.last_chunk_indices.shape[0]
 
     def gather(self, t: Tensor) -> Tensor:
         """(T, ...) -> (L, K, ...), zero where padded."""

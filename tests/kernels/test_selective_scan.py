@@ -52,9 +52,12 @@ def state_view(page_pool, state_dtype):
     return pool, states
 
 
-def run_scan(inputs, states, slots, meta):
+def run_scan(inputs, states, slots, meta, sub_chunk_len=None):
     out = torch.full_like(inputs["x"], float("nan"))
-    assert selective_scan_ref(**inputs, ssm_states=states, state_indices=slots, meta=meta, out=out) is out
+    result = selective_scan_ref(
+        **inputs, ssm_states=states, state_indices=slots, meta=meta, out=out, sub_chunk_len=sub_chunk_len
+    )
+    assert result is out
     return out
 
 
@@ -63,7 +66,9 @@ DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torc
 
 @pytest.mark.parametrize("dtype, state_dtype", DTYPES)
 @pytest.mark.parametrize("gated, with_dt_bias", [(True, True), (False, False)])
-def test_varlen_matches_recurrence(page_pool, dtype, state_dtype, gated, with_dt_bias):
+# None: the default (about sqrt(30) here); 1: a sub-chunk per token; 30: one sub-chunk per sequence.
+@pytest.mark.parametrize("sub_chunk_len", [None, 1, 7, 30])
+def test_varlen_matches_recurrence(page_pool, dtype, state_dtype, gated, with_dt_bias, sub_chunk_len):
     torch.manual_seed(0)
     pool, states = state_view(page_pool, state_dtype)
     query_lens, computed = [1, 30, 7, 17, 4], [0, 9, 3, 0, 2]
@@ -77,7 +82,7 @@ def test_varlen_matches_recurrence(page_pool, dtype, state_dtype, gated, with_dt
     pool.allow_writes(states, slots[slots >= 0])
     before = pool.snapshot()
 
-    out = run_scan(inputs, states, slots, meta)
+    out = run_scan(inputs, states, slots, meta, sub_chunk_len)
 
     assert out.dtype == dtype
     atol, rtol = TOLERANCES[dtype if state_dtype == torch.float32 else torch.bfloat16]
