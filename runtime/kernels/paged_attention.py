@@ -1,8 +1,9 @@
 """Causal attention of packed new tokens over a paged KV cache (decode and prefill over a cached prefix).
 
 The reference gathers each sequence's pages and calls torch's scaled_dot_product_attention in
-float32. Decodes (one new token) are batched in one call, padded to the longest of them;
-prefill chunks are done one sequence at a time, which bounds memory by the largest sequence.
+float32. Decodes (one new token) are batched, padded to the longest in their group, in groups
+whose gathered keys stay under DECODE_GATHER_ELEMENTS; prefill chunks are done one sequence at
+a time, which bounds memory by the largest sequence.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from runtime.kernels.metadata import AttentionMetadata
+
+# Decodes are batched in groups whose padded K gather holds at most this many elements (64 MiB of
+# float32, as much again for V), so a large decode batch with long contexts does not gather its
+# whole KV at once.
+DECODE_GATHER_ELEMENTS = 1 << 24
 
 
 def paged_attention_ref(
@@ -40,13 +46,29 @@ def paged_attention_ref(
     seq_lens = meta.seq_lens.tolist()
     query_lens = [end - start for start, end in zip(starts, starts[1:])]
     decodes = [s for s, n in enumerate(query_lens) if n == 1]
-    if decodes:
-        _decode_attention(q, k_cache, v_cache, block_table, meta, scale, out, decodes)
+    for group in _decode_groups(decodes, seq_lens, k_cache.shape[1], k_cache.shape[2] * head_dim):
+        _decode_attention(q, k_cache, v_cache, block_table, meta, scale, out, group)
     for s, num_new in enumerate(query_lens):
         if num_new > 1:
             tokens = slice(starts[s], starts[s] + num_new)
             out[tokens] = _sequence_attention(q[tokens], k_cache, v_cache, block_table[s], seq_lens[s], scale)
     return out
+
+
+def _decode_groups(decodes: list[int], seq_lens: list[int], block_size: int, per_token: int) -> list[list[int]]:
+    """Runs of consecutive decodes whose K gather, padded to the run's longest sequence, fits in
+    DECODE_GATHER_ELEMENTS (a run always holds at least one decode)."""
+    groups: list[list[int]] = []
+    longest = 0
+    for s in decodes:
+        padded = -(-max(longest, seq_lens[s]) // block_size) * block_size
+        if groups and (len(groups[-1]) + 1) * padded * per_token <= DECODE_GATHER_ELEMENTS:
+            groups[-1].append(s)
+            longest = max(longest, seq_lens[s])
+        else:
+            groups.append([s])
+            longest = seq_lens[s]
+    return groups
 
 
 def _gather_pages(cache: Tensor, pages: Tensor) -> Tensor:

@@ -5,6 +5,7 @@ pages are shuffled, and block tables are padded with -1, so a read of any slot p
 end or of a page it does not own would show up in the output.
 """
 
+import importlib
 import math
 
 import pytest
@@ -71,3 +72,25 @@ def test_paged_matches_dense(page_pool, batch, block_size, gqa, dtype):
     expected = torch.cat([dense_attention(queries[s], keys[s], values[s], scale) for s in range(len(lens))])
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol)
+
+
+def test_decodes_split_into_gather_groups_match_one_group(page_pool, monkeypatch):
+    """A gather budget of 3 blocks forces several decode groups; the result must not change."""
+    # runtime.kernels.paged_attention is also the name of the bound op, so fetch the module itself.
+    pa = importlib.import_module("runtime.kernels.paged_attention")
+
+    torch.manual_seed(1)
+    block_size, lens = 16, [5, 40, 17, 1, 33]
+    pool = page_pool(12, 1, 2 * block_size * HKV * HEAD * 4, seed=2)
+    k_cache = pool.view(0, 0, torch.float32, (block_size, HKV, HEAD))
+    v_cache = pool.view(0, block_size * HKV * HEAD * 4, torch.float32, (block_size, HKV, HEAD))
+    k_cache.normal_()
+    v_cache.normal_()
+    block_table = torch.randperm(12).view(4, 3).repeat(2, 1)[: len(lens)].int()  # pages may be shared
+    meta = build_attention_metadata([1] * len(lens), lens, "cpu")
+    q = torch.randn(len(lens), 2 * HKV, HEAD)
+    one_group = paged_attention_ref(q, k_cache, v_cache, block_table, meta, 0.3, torch.empty_like(q))
+    monkeypatch.setattr(pa, "DECODE_GATHER_ELEMENTS", 3 * block_size * HKV * HEAD)
+    assert len(pa._decode_groups(list(range(len(lens))), lens, block_size, HKV * HEAD)) > 2
+    groups = paged_attention_ref(q, k_cache, v_cache, block_table, meta, 0.3, torch.empty_like(q))
+    torch.testing.assert_close(groups, one_group, atol=1e-6, rtol=1e-6)  # padding differs per group
