@@ -22,6 +22,9 @@ from torch import Tensor
 from runtime.kernels.common import gather_initial_states, pass_states, scatter_states, time_step
 from runtime.kernels.metadata import MambaPrefillMetadata
 
+# Most elements of the (chunks, H, L, L) intra-chunk decay matrices held at once: 64 MiB of float32.
+SEGSUM_ELEMENTS = 1 << 24
+
 
 def ssd_scan_ref(
     x: Tensor,
@@ -103,15 +106,30 @@ class _ChunkedInputs:
         return t.unflatten(1, (self.B.shape[1], -1))
 
     def intra_chunk(self) -> tuple[Tensor, Tensor]:
-        """Y_diag (K, H, L, P) and the state each chunk produces from a zero start, S_c (K, H, P, N)."""
-        decay = _segsum_exp(self.adt)  # (K, H, L, L)
+        """Y_diag (K, H, L, P) and the state each chunk produces from a zero start, S_c (K, H, P, N).
+
+        Chunks are taken a few at a time so that the (chunks, H, L, L) decay matrices stay under
+        SEGSUM_ELEMENTS; a long prefill would otherwise hold several of them for the whole batch.
+        """
+        num_chunks, num_heads, length, head_dim = self.xdt.shape
+        y = torch.empty_like(self.xdt)
+        states = self.xdt.new_empty(num_chunks, num_heads, head_dim, self.B.shape[-1])
+        step = max(1, SEGSUM_ELEMENTS // (num_heads * length * length))
+        for first in range(0, num_chunks, step):
+            part = slice(first, first + step)
+            y[part], states[part] = self._intra_chunk(part)
+        return y, states
+
+    def _intra_chunk(self, part: slice) -> tuple[Tensor, Tensor]:
+        xdt, B, C = self.xdt[part], self.B[part], self.C[part]
+        decay = _segsum_exp(self.adt[part])  # (k, H, L, L)
         # The last row is exp(a_{j+1} + ... + a_{L-1}): each position's decay to the chunk's end.
-        decay_to_end = decay[..., -1, :].clone()  # (K, H, L)
-        scores = self.C @ self.B.transpose(-1, -2)  # (K, G, L, L): C_i . B_j
+        decay_to_end = decay[..., -1, :].clone()  # (k, H, L)
+        scores = C @ B.transpose(-1, -2)  # (k, G, L, L): C_i . B_j
         masked = self.heads_by_group(decay).mul_(scores[:, :, None]).flatten(1, 2)
-        y = masked @ self.xdt
-        weighted = self.heads_by_group((self.xdt * decay_to_end[..., None]).transpose(-1, -2))  # (K, G, R, P, L)
-        states = weighted @ self.B[:, :, None]  # (K, G, R, P, N)
+        y = masked @ xdt
+        weighted = self.heads_by_group((xdt * decay_to_end[..., None]).transpose(-1, -2))  # (k, G, R, P, L)
+        states = weighted @ B[:, :, None]  # (k, G, R, P, N)
         return y, states.flatten(1, 2)
 
     def chunk_decay(self) -> Tensor:

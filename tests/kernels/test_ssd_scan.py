@@ -4,6 +4,8 @@ SSM states live in strided views of a random-byte page pool; fresh sequences' sl
 so reading them instead of starting from zeros would show.
 """
 
+import importlib
+
 import pytest
 import torch
 from mamba2_oracle import PER_TOKEN, random_ssm_inputs, recurrence_oracle, select_tokens
@@ -141,3 +143,20 @@ def test_long_chunk_with_strong_decay_stays_accurate():
     expected, final = recurrence_oracle(**inputs, dt_limit=NO_LIMIT, state=torch.zeros(H, P, N))
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(states[0].double(), final, atol=1e-5, rtol=1e-5)
+
+
+def test_chunks_taken_one_at_a_time_give_the_same_result(monkeypatch):
+    """SEGSUM_ELEMENTS bounds how many chunks' decay matrices exist at once; 1 means one chunk per step."""
+    # runtime.kernels.ssd_scan is also the name of the bound op, so fetch the module itself.
+    module = importlib.import_module("runtime.kernels.ssd_scan")
+    torch.manual_seed(4)
+    meta = build_mamba_prefill_metadata([37, 5, 20], [3, 0, 16], Q, "cpu")
+    inputs = random_ssm_inputs(62, H, P, G, N)
+    slots = torch.tensor([0, 1, 2])
+    initial = torch.randn(3, H, P, N)
+    states_all, states_one = initial.clone(), initial.clone()
+    all_at_once = run_ssd(inputs, NO_LIMIT, states_all, slots, meta)
+    monkeypatch.setattr(module, "SEGSUM_ELEMENTS", 1)
+    one_at_a_time = run_ssd(inputs, NO_LIMIT, states_one, slots, meta)
+    torch.testing.assert_close(one_at_a_time, all_at_once, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(states_one, states_all, atol=1e-6, rtol=1e-6)
