@@ -80,6 +80,7 @@ class AttentionWithoutHeads(ModelDeclaration):
 
 class SupportedWithoutForward(LlamaForCausalLM):
     capabilities = capabilities(engine=supported())
+    implementation = None
 
 
 class SupportedWithMissingModule(LlamaForCausalLM):
