@@ -100,6 +100,7 @@ class Engine:
     # Requests -----------------------------------------------------------------------------------
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt given as text or as {"prompt_token_ids": [...]}."""
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -179,28 +180,36 @@ class Engine:
         if top is not None:
             seq.logprobs.append(top)
             seq.cumulative_logprob += logprob
+        stop = self._stop(seq, token)
+        if stop is not None:
+            self.scheduler.finish(seq, *stop)
+
+    def _stop(self, seq: Sequence, token: int) -> tuple[str, int | str | None] | None:
+        """(finish reason, stop reason) if `token` ends the sequence, else None."""
         params = seq.params
         if not params.ignore_eos and token in self.eos_token_ids:
-            return self.scheduler.finish(seq, "stop")
+            return "stop", None
         if token in params.stop_token_ids:
-            return self.scheduler.finish(seq, "stop", token)
-        if params.stop and self._hit_stop_string(seq):
-            return None
+            return "stop", token
+        if params.stop:
+            stop = self._find_stop_string(seq)
+            if stop is not None:
+                return "stop", stop
         if params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
-            return self.scheduler.finish(seq, "length")
+            return "length", None
         if seq.num_tokens >= self.max_model_len:
-            return self.scheduler.finish(seq, "length")
+            return "length", None
         return None
 
-    def _hit_stop_string(self, seq: Sequence) -> bool:
+    def _find_stop_string(self, seq: Sequence) -> str | None:
+        """The earliest stop string in the text so far; the text is cut there."""
         text = self.decode(seq)
         found = [(text.find(s), s) for s in seq.params.stop if s in text]
         if not found:
-            return False
+            return None
         index, stop = min(found)
         seq.text = text[: index + len(stop)] if seq.params.include_stop_str_in_output else text[:index]
-        self.scheduler.finish(seq, "stop", stop)
-        return True
+        return stop
 
     def decode(self, seq: Sequence) -> str:
         return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)

@@ -75,10 +75,13 @@ class LLM:
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        # Validate every prompt before queueing any, so a bad one leaves nothing half-done.
+        # Tokenize and validate every prompt before queueing any, so a bad one leaves nothing half-done.
+        tokenized = []
         for prompt in prompts:
-            self.engine.validate(self.engine.tokenize(prompt)[1])
-        ids = [self.engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+            text, token_ids = self.engine.tokenize(prompt)
+            self.engine.validate(token_ids)
+            tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
+        ids = [self.engine.add_request(prompt, p) for prompt, p in zip(tokenized, params)]
         return self._run(ids, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
