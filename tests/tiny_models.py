@@ -40,6 +40,8 @@ CONFIGS = {
         expand=2)),
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
         COMMON, **ATTENTION, **MAMBA2_HYBRID, num_hidden_layers=3, attn_layer_indices=[1])),
+    "mamba": ("MambaConfig", "MambaForCausalLM", dict(
+        COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, tie_word_embeddings=True)),
 }
 
 
