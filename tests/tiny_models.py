@@ -40,6 +40,10 @@ CONFIGS = {
         expand=2)),
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
         COMMON, **ATTENTION, **MAMBA2_HYBRID, num_hidden_layers=3, attn_layer_indices=[1])),
+    # Layers: Mamba + MoE, attention + MLP, Mamba + MLP, attention + MoE.
+    "jamba": ("JambaConfig", "JambaForCausalLM", dict(
+        COMMON, **ATTENTION, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=3,
+        expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=16, mamba_dt_rank=8)),
     "mamba": ("MambaConfig", "MambaForCausalLM", dict(
         COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, tie_word_embeddings=True)),
 }
