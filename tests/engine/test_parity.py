@@ -19,7 +19,7 @@ PROMPTS = [
 ]
 NEW_TOKENS = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-MODELS = ["llama", "granite", "mamba2", "bamba", "jamba", "mamba"]
+MODELS = ["llama", "granite", "mamba2", "bamba", "granitemoehybrid", "granitemoehybrid-dense-nope", "jamba", "mamba"]
 
 
 def prompt_ids(llm):
