@@ -3,6 +3,9 @@ import os
 # Triton kernels run on CPU only through the interpreter, and only if this is set
 # before triton is first imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tiny test models gain nothing from intra-op threads, and on a shared CPU every parallel
+# op waits for a descheduled thread: the engine suite ran 4x slower with two threads than with one.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

@@ -40,6 +40,23 @@ CONFIGS = {
         expand=2)),
     "bamba": ("BambaConfig", "BambaForCausalLM", dict(
         COMMON, **ATTENTION, **MAMBA2_HYBRID, num_hidden_layers=3, attn_layer_indices=[1])),
+    # Legacy layer names, MoE with a shared expert, rope and every Granite multiplier off its default.
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        COMMON, **ATTENTION, **MAMBA2_HYBRID, num_hidden_layers=4,
+        layer_types=["mamba", "attention", "mamba", "attention"], num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=48, position_embedding_type="rope",
+        embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.7, logits_scaling=1.5)),
+    # No position embedding ("nope"), no experts (the shared MLP alone), tied embeddings.
+    "granitemoehybrid-dense-nope": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        COMMON, **ATTENTION, **MAMBA2_HYBRID, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"],
+        num_local_experts=0, shared_intermediate_size=48, position_embedding_type="nope", tie_word_embeddings=True,
+        embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.7, logits_scaling=1.5)),
+    # Layers: Mamba + MoE, attention + MLP, Mamba + MLP, attention + MoE.
+    "jamba": ("JambaConfig", "JambaForCausalLM", dict(
+        COMMON, **ATTENTION, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=3,
+        expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=16, mamba_dt_rank=8)),
+    "mamba": ("MambaConfig", "MambaForCausalLM", dict(
+        COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, tie_word_embeddings=True)),
 }
 
 

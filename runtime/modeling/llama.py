@@ -28,11 +28,13 @@ class SelfAttention(nn.Module):
         scale = self.head_dim**-0.5 if scale is None else scale
         self.attn = PagedAttention(layer_idx, self.num_heads, self.num_kv_heads, self.head_dim, scale)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         q = self.q_proj(hidden).view(-1, self.num_heads, self.head_dim)
         k = self.k_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)
         v = self.v_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)
-        return self.o_proj(self.attn(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v))
+        if cos is not None:  # None: no position embedding (Jamba, Granite 4.0-H "nope")
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.o_proj(self.attn(q, k, v))
 
 
 class LlamaDecoderLayer(nn.Module):

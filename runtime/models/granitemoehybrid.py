@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.bamba import MAMBA2_HYBRID_DEFAULTS, BambaForCausalLM
-from runtime.models.common import capabilities
-from runtime.models.interface import LayerKind
+from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.interface import LayerKind, supported
 
 # Both spellings occur in published configs: transformers 4.x wrote "mamba"/"attention".
 LAYER_TYPES = {
@@ -33,8 +33,8 @@ class GraniteMoeHybridForCausalLM(BambaForCausalLM):
     architecture = "GraniteMoeHybridForCausalLM"
     model_name = "Granite 4.0-H"
     example_models = ("ibm-granite/granite-4.0-h-tiny", "ibm-granite/granite-4.0-h-small")
-    capabilities = capabilities()
-    implementation = None
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.granitemoehybrid:GraniteMoeHybridForCausalLM"
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "num_key_value_heads": None}
 
     @classmethod

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.common import capabilities
-from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration
+from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import attention_shape, mamba1_state_shape
 
 
@@ -13,7 +13,8 @@ class JambaForCausalLM(ModelDeclaration):
     model_name = "Jamba"
     example_models = ("ai21labs/Jamba-v0.1", "ai21labs/AI21-Jamba-Mini-1.7")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA1})
-    capabilities = capabilities()
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.jamba:JambaForCausalLM"
     defaults = {
         "hidden_size": 4096,
         "num_hidden_layers": 32,

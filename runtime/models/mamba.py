@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from runtime.hf_config import HFConfig
-from runtime.models.common import capabilities
-from runtime.models.interface import LayerKind, ModelDeclaration
+from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.interface import LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import mamba1_state_shape
 
 
@@ -13,7 +13,8 @@ class MambaForCausalLM(ModelDeclaration):
     model_name = "Mamba"
     example_models = ("state-spaces/mamba-130m-hf", "state-spaces/mamba-2.8b-hf")
     layer_kinds = frozenset({LayerKind.MAMBA1})
-    capabilities = capabilities()
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.mamba:MambaForCausalLM"
     defaults = {"hidden_size": 768, "num_hidden_layers": 32, "state_size": 16, "conv_kernel": 4, "expand": 2}
 
     @classmethod

@@ -1,0 +1,103 @@
+"""The Mamba-1 mixer over the shared pool: in_proj -> conv1d -> x_proj -> dt_proj -> selective scan | state
+update, gated by silu(z) -> out_proj.
+
+Decodes come first in the packed batch (one token each, state update by page id);
+prefill chunks follow (varlen conv and selective scan, starting from the cached state
+when a prompt is resumed).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runtime import kernels
+from runtime.context import get_forward_context
+from runtime.layers.norm import RMSNorm
+
+
+class Mamba1Mixer(nn.Module):
+    def __init__(
+        self,
+        layer_idx: int,
+        *,
+        hidden_size: int,
+        d_inner: int,
+        d_state: int,
+        d_conv: int,
+        dt_rank: int,
+        conv_bias: bool,
+        proj_bias: bool,
+        dt_bc_norm_eps: float | None = None,
+    ):
+        """dt_bc_norm_eps: Jamba RMS-normalises dt, B and C after x_proj with this eps; None (Mamba) does not."""
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.d_inner, self.d_state, self.d_conv, self.dt_rank = d_inner, d_state, d_conv, dt_rank
+        self.in_proj = nn.Linear(hidden_size, 2 * d_inner, bias=proj_bias)
+        # Holds the depthwise weights under HF's name; the kernels apply them.
+        self.conv1d = nn.Conv1d(d_inner, d_inner, d_conv, groups=d_inner, bias=conv_bias)
+        self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(dt_rank, d_inner, bias=True)  # its bias is passed to the scan as dt_bias
+        self.A_log = nn.Parameter(torch.zeros(d_inner, d_state))
+        self.D = nn.Parameter(torch.ones(d_inner))
+        self.out_proj = nn.Linear(d_inner, hidden_size, bias=proj_bias)
+        self.has_dt_bc_norms = dt_bc_norm_eps is not None
+        if self.has_dt_bc_norms:
+            self.dt_layernorm = RMSNorm(dt_rank, dt_bc_norm_eps)
+            self.b_layernorm = RMSNorm(d_state, dt_bc_norm_eps)
+            self.c_layernorm = RMSNorm(d_state, dt_bc_norm_eps)
+        self.group = -1  # state group, set when the pool is bound
+        self.conv_states: torch.Tensor | None = None  # (num_pages, d_conv - 1, d_inner) view
+        self.ssm_states: torch.Tensor | None = None  # (num_pages, d_inner, d_state) view
+
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (self.d_conv - 1, self.d_inner), (self.d_inner, self.d_state)
+
+    def bind(self, group: int, conv_states: torch.Tensor, ssm_states: torch.Tensor) -> None:
+        self.group, self.conv_states, self.ssm_states = group, conv_states, ssm_states
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (T, hidden_size) -> (T, hidden_size)."""
+        x, z = self.in_proj(hidden).chunk(2, dim=-1)
+        x = self._conv(x)
+        dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        if self.has_dt_bc_norms:
+            dt, B, C = self.dt_layernorm(dt), self.b_layernorm(B), self.c_layernorm(C)
+        # dt_proj without its bias, as HF computes it; the bias is added in float32 inside the scan.
+        dt = nn.functional.linear(dt, self.dt_proj.weight)
+        return self.out_proj(self._ssm(x, dt, B, C, z))
+
+    def _conv(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        nd, weight, bias = ctx.num_decodes, self.conv1d.weight.squeeze(1), self.conv1d.bias
+        out = torch.empty_like(x)
+        if nd:
+            out[:nd] = kernels.causal_conv1d_update(
+                x[:nd], weight, bias, self.conv_states, ctx.decode_state_indices[self.group]
+            )
+        if ctx.num_prefill_tokens:
+            out[nd:] = kernels.causal_conv1d_fn(
+                x[nd:], weight, bias, self.conv_states, ctx.prefill_state_indices[self.group], ctx.mamba_prefill
+            )
+        return out
+
+    def _ssm(self, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+             z: torch.Tensor) -> torch.Tensor:
+        """x, dt, z: (T, d_inner); B, C: (T, d_state) -> gated scan output (T, d_inner)."""
+        ctx = get_forward_context()
+        nd = ctx.num_decodes
+        A = -torch.exp(self.A_log.float())
+        dt_bias = self.dt_proj.bias.float()
+        y = torch.empty_like(x)
+        if nd:
+            kernels.selective_state_update_mamba1(
+                self.ssm_states, x[:nd], dt[:nd], A, B[:nd], C[:nd], self.D, dt_bias, z[:nd],
+                ctx.decode_state_indices[self.group], y[:nd],
+            )
+        if ctx.num_prefill_tokens:
+            kernels.selective_scan(
+                x[nd:], dt[nd:], A, B[nd:], C[nd:], self.D, dt_bias, z[nd:], self.ssm_states,
+                ctx.prefill_state_indices[self.group], ctx.mamba_prefill, y[nd:],
+            )
+        return y
