@@ -176,9 +176,9 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while self._apply_commands(block=not self.engine.has_unfinished()):
+                self._publish_stats()
                 if self.engine.has_unfinished():
                     self._step()
-                self._publish_stats()
         except BaseException:
             logger.exception("the engine loop stopped on an error")
         finally:
@@ -222,6 +222,8 @@ class AsyncEngine:
             self._failed += len(self._handles)
             self._abort_all(EngineFailed(f"the engine failed while running this request: {err}"))
             return
+        # Stats first: a client that has its final output finds its pages already counted free.
+        self._publish_stats()
         for output in outputs:
             handle = self._handles.get(output.request_id)
             if output.finished:
@@ -233,6 +235,7 @@ class AsyncEngine:
         scheduler = self.engine.scheduler
         for seq in [*scheduler.running, *scheduler.waiting]:
             self.engine.abort(seq.request_id)
+        self._publish_stats()
         for handle in self._handles.values():
             handle.deliver(error)
         self._handles.clear()
