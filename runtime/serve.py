@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
-import sys
 from pathlib import Path
 
 from runtime.config import EngineConfig
@@ -88,8 +87,6 @@ def run(args: argparse.Namespace) -> int:
     sock = bind(args.host, args.port)
     try:
         server = build_server(config, args, model_name)
-        port = sock.getsockname()[1]
-        print(f"tandem serve: {model_name} on http://{args.host}:{port}/v1", file=sys.stderr, flush=True)
         # Uvicorn handles SIGINT and SIGTERM itself and, once it has shut down gracefully, raises the
         # signal again for the handler it found; that handler does nothing, so the exit status is 0.
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -91,6 +92,12 @@ class GracefulServer(uvicorn.Server):
                                         timeout_graceful_shutdown=shutdown_timeout + self.BACKSTOP_S))
         self.state: ServerState = app.state.server
         self.shutdown_timeout = shutdown_timeout
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            print(f"tandem serve: {self.state.model_name} on http://{host}:{port}/v1", file=sys.stderr, flush=True)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         abort = asyncio.get_running_loop().call_later(
