@@ -35,12 +35,14 @@ def render(stats: EngineStats, model_name: str) -> str:
         ("cache_pages_total", "gauge", "Pages in the page pool.", stats.num_pages_total),
         ("prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", stats.prompt_tokens),
         ("generation_tokens_total", "counter", "Tokens generated.", stats.generated_tokens),
-        ("requests_rejected_total", "counter", "Requests refused with 503: the waiting queue was full.", stats.rejected),
+        ("requests_rejected_total", "counter", "Requests refused with 503: the waiting queue was full.",
+         stats.rejected),
         ("requests_failed_total", "counter", "Requests failed by an error inside the engine.", stats.failed),
     ]
     lines: list[str] = []
     for name, kind, help_text, value in single:
-        lines += [f"# HELP tandem_{name} {help_text}", f"# TYPE tandem_{name} {kind}", f"tandem_{name}{{{label}}} {value}"]
+        lines += [f"# HELP tandem_{name} {help_text}", f"# TYPE tandem_{name} {kind}",
+                  f"tandem_{name}{{{label}}} {value}"]
     name = "requests_finished_total"
     lines += [f"# HELP tandem_{name} Finished requests by finish reason.", f"# TYPE tandem_{name} counter"]
     lines += [f'tandem_{name}{{{label},finish_reason="{reason}"}} {stats.finished.get(reason, 0)}'

@@ -1,7 +1,7 @@
 """/v1/chat/completions: the messages go through the tokenizer's chat template, then the same engine."""
 
 import pytest
-from conftest import MODEL
+from server_helpers import MODEL
 
 from runtime import SamplingParams
 

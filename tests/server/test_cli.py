@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-from conftest import ROOT, serve, serve_command
+from server_helpers import ROOT, serve, serve_command
 
 from runtime.config import EngineConfig
 

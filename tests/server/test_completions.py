@@ -2,7 +2,7 @@
 
 import httpx
 import pytest
-from conftest import MODEL
+from server_helpers import MODEL
 
 from runtime import SamplingParams
 

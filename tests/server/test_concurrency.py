@@ -4,7 +4,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import MODEL
+from server_helpers import MODEL
 
 from runtime import SamplingParams
 
@@ -16,8 +16,9 @@ DEADLINE_S = 300
 def stream_one(client, prompt: str) -> dict:
     chunks = list(client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=MAX_TOKENS,
                                             stream=True, stream_options={"include_usage": True}))
-    return {"text": "".join(c.choices[0].text for c in chunks if c.choices),
-            "finish_reason": next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason),
+    text_chunks = [c for c in chunks if c.choices]
+    return {"text": "".join(c.choices[0].text for c in text_chunks),
+            "finish_reason": text_chunks[-1].choices[0].finish_reason,
             "completion_tokens": chunks[-1].usage.completion_tokens}
 
 

@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import MAX_MODEL_LEN, MODEL
+from server_helpers import MAX_MODEL_LEN, MODEL
 
 NUM_CLIENTS = 4
 LONG = MAX_MODEL_LEN - 32  # tokens a request would generate if nobody stopped it

@@ -1,7 +1,7 @@
 """/health, /v1/models and /metrics."""
 
 import httpx
-from conftest import MAX_MODEL_LEN, MODEL, parse_prometheus
+from server_helpers import MAX_MODEL_LEN, MODEL, parse_prometheus
 
 METRICS = {
     "tandem_num_requests_running": "gauge",

@@ -4,7 +4,7 @@ and none of them hurts the server."""
 import httpx
 import openai
 import pytest
-from conftest import MAX_MODEL_LEN, MODEL
+from server_helpers import MAX_MODEL_LEN, MODEL
 
 COMPLETION = {"model": MODEL, "prompt": "The page pool", "max_tokens": 2}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -4,7 +4,7 @@ one waiting: the chat endpoint refuses with 400 and a full waiting queue answers
 import httpx
 import openai
 import pytest
-from conftest import serve
+from server_helpers import serve
 
 LONG = 4000  # tokens: far more than the test takes to run, so the first request is still running at the end
 
