@@ -19,6 +19,7 @@ from runtime.engine import Engine, Prompt
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server.metrics import EngineStats
+from runtime.server.protocol import InvalidField
 
 logger = logging.getLogger("tandem")
 
@@ -93,7 +94,7 @@ class RequestHandle:
         """Abort the request unless it has finished; its pages are freed at the engine's next turn."""
         if not self.finished:
             self.finished = True
-            self._owner.send(partial(self._owner._abort, self.request_id))
+            self._owner.abort(self.request_id)
 
 
 class AsyncEngine:
@@ -127,6 +128,10 @@ class AsyncEngine:
         self.send(None)
         await asyncio.to_thread(self._thread.join, timeout)
         assert not self._thread.is_alive(), f"the engine thread did not stop within {timeout} s"
+
+    def abort(self, request_id: str) -> None:
+        """Abort one request (if the engine still holds it) at the engine thread's next turn."""
+        self.send(partial(self._abort, request_id))
 
     def abort_all(self, reason: str) -> None:
         """Abort every request in flight; each one's consumer gets EngineStopped(reason)."""
@@ -162,12 +167,22 @@ class AsyncEngine:
                 self._rejected += 1
                 raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests, the --max-waiting limit); "
                                 "retry later")
+            self._check_stop_token_ids(params)
             self.engine.add_request(prompt, params, handle.request_id, stream=stream)
         except Exception as err:
             handle.settle(err)
             return
         self._handles[handle.request_id] = handle
         handle.settle(None)
+
+    def _check_stop_token_ids(self, params: SamplingParams) -> None:
+        # The engine bans stop tokens by indexing the logits: an id outside the vocabulary would fail
+        # the step for every request in it.
+        vocab = self.engine.runner.model.config.vocab_size
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidField(f"stop_token_ids: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
+                               "stop_token_ids")
 
     def _abort(self, request_id: str) -> None:
         if self._handles.pop(request_id, None) is not None:

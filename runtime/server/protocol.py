@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.sampling_params import SamplingParams
 
@@ -44,13 +44,16 @@ class StreamOptions(BaseModel):
 class SamplingRequest(BaseModel):
     """The fields completions and chat completions share."""
 
+    # NaN or infinity in a sampling value would poison the whole batch's step, not only this request.
+    model_config = ConfigDict(allow_inf_nan=False)
+
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator takes
     stop: str | list[str] | None = None
     user: str | None = None
     # vLLM's extensions.
@@ -175,9 +178,11 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
     def template_input(self) -> dict[str, str]:
-        content = self.content if isinstance(self.content, str) or self.content is None else \
-            "".join(part.text for part in self.content)
-        message = {"role": self.role, "content": content or ""}
+        if isinstance(self.content, list):
+            content = "".join(part.text for part in self.content)
+        else:
+            content = self.content or ""
+        message = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
         return message
