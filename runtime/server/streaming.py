@@ -54,9 +54,11 @@ async def guarded(events: AsyncIterator[str], handle: RequestHandle) -> AsyncIte
     # The 200 status has been sent: an error can only travel as an event (OpenAI's clients raise on it).
     except EngineStopped as err:
         yield sse(error_body(503, str(err), code="engine_stopped"))
+    except EngineFailed as err:
+        yield sse(error_body(500, str(err), code="engine_error"))  # the engine thread has logged it
     except Exception as err:
         logger.exception("request %s failed mid-stream", handle.request_id)
-        yield sse(error_body(500, str(err), code="engine_error" if isinstance(err, EngineFailed) else "internal_error"))
+        yield sse(error_body(500, f"internal server error: {type(err).__name__}: {err}", code="internal_error"))
     finally:
         handle.abort()
     yield DONE
