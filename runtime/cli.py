@@ -11,6 +11,7 @@ import sys
 SUBCOMMANDS = {
     "generate": "runtime.generate",
     "plan": "runtime.plan",
+    "serve": "runtime.serve",
     "matrix": "matrix.cli",
 }
 

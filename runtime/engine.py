@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,6 +60,16 @@ def eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
     return ids
 
 
+@dataclass
+class EngineCounters:
+    """Running totals since start, for the server's /metrics; generation never reads them."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    # Finished requests by finish reason: "stop", "length" or "abort".
+    finished: Counter[str] = field(default_factory=Counter)
+
+
 class Engine:
     def __init__(self, config: EngineConfig):
         check_capabilities(config)
@@ -81,6 +93,7 @@ class Engine:
         self._arrivals = itertools.count()
         self._seqs: dict[str, Sequence] = {}
         self._generators: dict[str, torch.Generator | None] = {}
+        self.counters = EngineCounters()
 
     def _fit_max_model_len(self) -> int:
         layout, wanted = self.config.cache, self.config.derived_max_model_len
@@ -134,6 +147,7 @@ class Engine:
             torch.Generator(device=self.runner.device).manual_seed(params.seed) if params.seed is not None else None
         )
         self.scheduler.add(seq)
+        self.counters.prompt_tokens += len(token_ids)
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -177,6 +191,7 @@ class Engine:
 
     def _append(self, seq: Sequence, token: int, top: dict[int, float] | None, logprob: float | None) -> None:
         seq.output_token_ids.append(token)
+        self.counters.generated_tokens += 1
         if top is not None:
             seq.logprobs.append(top)
             seq.cumulative_logprob += logprob
@@ -229,5 +244,6 @@ class Engine:
                              finished=seq.is_finished, num_preemptions=seq.num_preemptions)
 
     def _forget(self, seq: Sequence) -> None:
+        self.counters.finished[seq.finish_reason] += 1
         self._seqs.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)

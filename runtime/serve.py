@@ -1,0 +1,124 @@
+"""`tandem serve MODEL`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over one engine.
+
+Order matters for the user: the options are checked and the cache layout resolved first (a bad
+--block-size exits 2 at once), then the port is bound (a busy port exits 2 before the model
+loads), then the model loads and the server starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+from pathlib import Path
+
+from runtime.config import EngineConfig
+from runtime.plan import add_engine_arguments, parse_size
+
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    parser.add_argument("model", help="a model directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
+    add_engine_arguments(parser)
+    parser.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence, prompt included")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="requests in the running batch at most")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step at most")
+    parser.add_argument("--kv-cache-memory", type=parse_size, default=None, help="page pool size, e.g. 4GiB")
+    parser.add_argument("--max-waiting", type=int, default=1024,
+                        help="requests waiting to run at most; more are refused with 503 (default 1024)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients pass as `model` (default: the model directory's name)")
+    parser.add_argument("--chat-template", type=Path, default=None,
+                        help="a Jinja chat template file, for a tokenizer that has none (or to replace its own)")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds that in-flight requests get to finish on SIGINT or SIGTERM (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for requests that sample without one")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
+    parser.set_defaults(run=run)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        tensor_parallel_size=args.tp,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        mamba_ssm_dtype=args.mamba_ssm_dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        seed=args.seed,
+        device=args.device,
+    )
+
+
+def check_server_options(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.max_waiting < 0:
+        raise ValueError(f"--max-waiting must be 0 or more, got {args.max_waiting}")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be 0 or more, got {args.shutdown_timeout}")
+    if args.chat_template is not None and not args.chat_template.is_file():
+        raise ValueError(f"--chat-template {args.chat_template}: no such file")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror}; choose another --host or --port") from None
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    config = engine_config(args)
+    check_server_options(args)
+    model_name = args.served_model_name or config.model_dir.resolve().name
+    sock = bind(args.host, args.port)
+    try:
+        server = build_server(config, args, model_name)
+        # Uvicorn handles SIGINT and SIGTERM itself and, once it has shut down gracefully, raises the
+        # signal again for the handler it found; that handler does nothing, so the exit status is 0.
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            server.run(sockets=[sock])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        sock.close()
+    return 0
+
+
+def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str):
+    # Imported here: the server needs torch and FastAPI, and `tandem plan` needs neither.
+    from transformers import AutoTokenizer
+
+    from runtime.engine import Engine
+    from runtime.server.app import GracefulServer, build_app
+    from runtime.server.async_engine import AsyncEngine
+    from runtime.server.state import ServerState
+
+    engine = Engine(config)
+    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    if args.chat_template is not None:
+        tokenizer.chat_template = args.chat_template.read_text(encoding="utf-8")
+    state = ServerState(
+        engine=AsyncEngine(engine, args.max_waiting),
+        tokenizer=tokenizer,
+        model_name=model_name,
+        model_path=str(config.model_dir),
+        max_model_len=engine.max_model_len,
+    )
+    return GracefulServer(build_app(state), args.host, args.port, args.shutdown_timeout,
+                          log_level="info" if args.verbose else "warning")

@@ -1,0 +1,110 @@
+"""The FastAPI app: routes, error handlers, and the engine thread started and stopped with the server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from runtime.server import metrics
+from runtime.server.chat import create_chat_completion
+from runtime.server.completions import create_completion
+from runtime.server.errors import error_response, install_error_handlers
+from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from runtime.server.state import ServerState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    if not _state(request).engine.is_running:
+        return error_response(503, "the engine is not running", code="engine_stopped")
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> ModelList:
+    state = _state(request)
+    card = ModelCard(id=state.model_name, created=state.created, root=state.model_path,
+                     max_model_len=state.max_model_len)
+    return ModelList(data=[card])
+
+
+@router.get("/metrics")
+async def prometheus_metrics(request: Request) -> PlainTextResponse:
+    state = _state(request)
+    return PlainTextResponse(metrics.render(state.engine.stats, state.model_name),
+                             media_type="text/plain; version=0.0.4")
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    return await create_completion(_state(request), body, request)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    return await create_chat_completion(_state(request), body, request)
+
+
+def build_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            # Uvicorn has let in-flight requests finish (or cancelled them after its timeout);
+            # whatever the engine still holds is aborted here.
+            await state.engine.stop()
+
+    app = FastAPI(title="Tandem", lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(router)
+    return app
+
+
+class GracefulServer(uvicorn.Server):
+    """Uvicorn, with in-flight requests aborted `shutdown_timeout` seconds into a shutdown.
+
+    Uvicorn stops taking connections on SIGINT/SIGTERM and waits for open responses to end. Requests
+    still running after the timeout are aborted in the engine, so that each one ends with an error
+    event (or a 503) and its connection closes normally; uvicorn's own cancellation, a few seconds
+    later, is only the backstop for a client that stops reading.
+    """
+
+    BACKSTOP_S = 5.0
+
+    def __init__(self, app: FastAPI, host: str, port: int, shutdown_timeout: float, log_level: str):
+        super().__init__(uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
+                                        timeout_graceful_shutdown=shutdown_timeout + self.BACKSTOP_S))
+        self.state: ServerState = app.state.server
+        self.shutdown_timeout = shutdown_timeout
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            print(f"tandem serve: {self.state.model_name} on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        abort = asyncio.get_running_loop().call_later(
+            self.shutdown_timeout, self.state.engine.abort_all,
+            f"the server is shutting down; the request was aborted after {self.shutdown_timeout:g} s",
+        )
+        try:
+            await super().shutdown(sockets)
+        finally:
+            abort.cancel()

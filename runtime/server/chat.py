@@ -1,0 +1,94 @@
+"""POST /v1/chat/completions: messages through the tokenizer's chat template, then the same engine path."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response
+from jinja2 import TemplateError
+
+from runtime.outputs import RequestOutput
+from runtime.server.async_engine import RequestHandle
+from runtime.server.logprobs import chat_logprobs
+from runtime.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    Delta,
+    Usage,
+)
+from runtime.server.state import ServerState
+from runtime.server.streaming import EventStream, TextDeltas, guarded, result_unless_disconnected, sse
+
+
+def render_prompt(tokenizer, body: ChatCompletionRequest) -> dict:
+    """The prompt the chat template makes of the messages, as text and token ids."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the model's tokenizer has no chat template, so messages cannot be turned into a prompt; "
+                         "use /v1/completions, or start the server with --chat-template FILE")
+    messages = [message.template_input() for message in body.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt,
+                                             tokenize=False)
+    except TemplateError as err:
+        raise ValueError(f"the chat template refused these messages: {err}") from None
+    # The template writes the special tokens it wants (a BOS, say); encoding must not add them a second time.
+    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
+    state.check_model(body.model)
+    params = body.sampling_params()
+    prompt = render_prompt(state.tokenizer, body)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    handle = await state.engine.add(prompt, params, request_id, stream=body.stream)
+    if body.stream:
+        return EventStream(guarded(_chunks(state, body, handle, TextDeltas(params.stop)), handle))
+    output = await result_unless_disconnected(request, handle)
+    if output is None:
+        return Response(status_code=499)  # nobody is there to read it
+    completion = output.outputs[0]
+    logprobs = None
+    if body.logprobs:
+        logprobs = chat_logprobs(state.tokenizer, completion.token_ids, completion.logprobs, body.top_logprobs or 0)
+    choice = ChatChoice(message=AssistantMessage(content=completion.text), logprobs=logprobs,
+                        finish_reason=completion.finish_reason)
+    response = ChatCompletionResponse(id=request_id, created=int(time.time()), model=state.model_name,
+                                      choices=[choice], usage=_usage(output))
+    return Response(response.model_dump_json(), media_type="application/json")
+
+
+def _usage(output: RequestOutput) -> Usage:
+    return Usage.of(len(output.prompt_token_ids), len(output.outputs[0].token_ids))
+
+
+async def _chunks(state: ServerState, body: ChatCompletionRequest, handle: RequestHandle,
+                  deltas: TextDeltas) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(choices: list[ChatStreamChoice], usage: Usage | None = None) -> str:
+        return sse(ChatCompletionChunk(id=handle.request_id, created=created, model=state.model_name,
+                                       choices=choices, usage=usage))
+
+    # As OpenAI: the first chunk names the role, with empty content.
+    yield chunk([ChatStreamChoice(delta=Delta(role="assistant", content=""))])
+    num_sent_tokens = 0
+    async for output in handle:
+        completion = output.outputs[0]
+        text = deltas.next(completion.text, output.finished)
+        logprobs = None
+        if body.logprobs and len(completion.token_ids) > num_sent_tokens:
+            logprobs = chat_logprobs(state.tokenizer, completion.token_ids[num_sent_tokens:],
+                                     completion.logprobs[num_sent_tokens:], body.top_logprobs or 0)
+            num_sent_tokens = len(completion.token_ids)
+        if text or logprobs or output.finished:
+            delta = Delta(content=text) if text else Delta()
+            yield chunk([ChatStreamChoice(delta=delta, logprobs=logprobs, finish_reason=completion.finish_reason)])
+        if output.finished and body.include_usage:
+            yield chunk([], _usage(output))

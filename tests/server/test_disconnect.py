@@ -1,0 +1,47 @@
+"""Clients that leave mid-request have their requests aborted and every page freed at once."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from server_helpers import MAX_MODEL_LEN, MODEL
+
+NUM_CLIENTS = 4
+LONG = MAX_MODEL_LEN - 32  # tokens a request would generate if nobody stopped it
+CHUNKS_READ = 3
+
+
+def read_a_little_then_leave(client) -> int:
+    stream = client.completions.create(model=MODEL, prompt="The page pool", temperature=0, max_tokens=LONG,
+                                       stream=True, extra_body={"ignore_eos": True})
+    received = [chunk for chunk, _ in zip(stream, range(CHUNKS_READ))]
+    stream.close()  # closes the connection: the server sees the client go
+    return len(received)
+
+
+def assert_idle_with_every_page_free(server, before, num_aborted):
+    after = server.wait_idle(timeout=30)
+    assert after["tandem_cache_pages_used"] == 0
+    assert after["tandem_requests_finished_total:abort"] - before["tandem_requests_finished_total:abort"] == num_aborted
+    generated = after["tandem_generation_tokens_total"] - before["tandem_generation_tokens_total"]
+    # Had the requests not been aborted, they would have run to LONG tokens each.
+    assert generated < num_aborted * LONG, f"{generated} tokens generated: the requests ran to the end"
+
+
+def test_streaming_clients_that_disconnect_free_their_pages(server):
+    before = server.wait_idle()
+    client = server.client()
+    with ThreadPoolExecutor(NUM_CLIENTS) as pool:
+        received = list(pool.map(read_a_little_then_leave, [client] * NUM_CLIENTS, timeout=120))
+    assert received == [CHUNKS_READ] * NUM_CLIENTS
+    assert_idle_with_every_page_free(server, before, NUM_CLIENTS)
+    assert server.client().completions.create(model=MODEL, prompt="The", max_tokens=2).choices[0].text is not None
+
+
+def test_a_non_streaming_client_that_times_out_is_aborted(server):
+    before = server.wait_idle()
+    body = {"model": MODEL, "prompt": "The page pool", "max_tokens": LONG, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        # The client gives up long before LONG tokens, and closes its connection.
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.25))
+    assert_idle_with_every_page_free(server, before, 1)
