@@ -120,7 +120,8 @@ class Engine:
             return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
         raise ValueError('a prompt is a string or {"prompt_token_ids": [...]}')
 
-    def validate(self, token_ids: list[int]) -> None:
+    def validate(self, token_ids: list[int], params: SamplingParams | None = None) -> None:
+        """Refuse a request that could never run, before it takes any page."""
         if not token_ids:
             raise ValueError("the prompt is empty")
         if len(token_ids) >= self.max_model_len:
@@ -132,12 +133,18 @@ class Engine:
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        if params is not None:
+            bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"stop token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+            if params.seed is not None and not -(2**63) <= params.seed < 2**64:
+                raise ValueError(f"seed {params.seed} is out of range; use a 64-bit integer")
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
                     stream: bool = False) -> str:
         """Queue a request. With `stream`, every step that advances it returns an output, not only the last."""
         text, token_ids = self.tokenize(prompt)
-        self.validate(token_ids)
+        self.validate(token_ids, params)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")

@@ -77,9 +77,9 @@ class LLM:
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
         # Tokenize and validate every prompt before queueing any, so a bad one leaves nothing half-done.
         tokenized = []
-        for prompt in prompts:
+        for prompt, p in zip(prompts, params):
             text, token_ids = self.engine.tokenize(prompt)
-            self.engine.validate(token_ids)
+            self.engine.validate(token_ids, p)
             tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
         ids = [self.engine.add_request(prompt, p) for prompt, p in zip(tokenized, params)]
         return self._run(ids, use_tqdm)
