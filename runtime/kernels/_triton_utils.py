@@ -36,3 +36,19 @@ def softplus(x):
 def time_step(dt, dt_bias, dt_min, dt_max):
     """dt' = softplus(dt + dt_bias) clamped to [dt_min, dt_max] (a no-op for (0, inf): softplus >= 0)."""
     return tl.minimum(tl.maximum(softplus(dt + dt_bias), dt_min), dt_max)
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr):
+    """float32 x rounded to `dtype` (to nearest, ties to even) and back to float32.
+
+    For bfloat16 the rounding is done on the bits: the interpreter's float32 -> bfloat16 cast
+    truncates, and an intermediate rounding that differs from torch's would add a second ulp
+    of error after the final store. On a GPU this is what the cast does anyway.
+    """
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(dtype).to(tl.float32)

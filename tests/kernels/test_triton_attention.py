@@ -15,7 +15,8 @@ from runtime.kernels.kv_cache import store_kv_ref, store_kv_triton
 from runtime.kernels.metadata import build_attention_metadata
 from runtime.kernels.paged_attention import paged_attention_ref, paged_attention_triton
 
-pytestmark = needs_device
+# numpy warnings from the interpreter (invalid value, overflow) often mean an unmasked load read garbage.
+pytestmark = [needs_device, pytest.mark.filterwarnings("error::RuntimeWarning")]
 HKV, HEAD = 2, 16
 # (query_len, seq_len) per sequence: decodes, prefill chunks over a cached prefix, fresh prefills.
 BATCHES = {
