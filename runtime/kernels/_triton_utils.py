@@ -26,6 +26,12 @@ def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     return tl.float32 if interpreting() else _DOT_DTYPES[dtype]
 
 
+def per_channel(D: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+    """Mamba-2's D, (H,) or (H, P), as an (H, P) view; a per-head D gets a zero stride along P."""
+    assert D.numel() in (num_heads, num_heads * head_dim)
+    return D.reshape(num_heads, -1).expand(num_heads, head_dim)
+
+
 @triton.jit
 def softplus(x):
     # torch's threshold: above 20, softplus(x) == x in float32; far below 0, log(1 + e^x) rounds to 0 but e^x does not.

@@ -79,7 +79,7 @@ def selective_state_update_triton(
     _check_args(ssm_states, x, dt, A, B, C, state_indices, out)
     num_seqs, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[1:]
-    d = _per_channel(D, num_heads, head_dim)
+    d = tu.per_channel(D, num_heads, head_dim)
     block_p, num_warps = _tile_rows(d_state, head_dim)
     grid = (triton.cdiv(head_dim, block_p), num_seqs, num_heads)
     _selective_state_update_kernel[grid](
@@ -100,12 +100,6 @@ def _check_args(
     assert dt.shape == (num_seqs, num_heads) and B.shape == C.shape == (num_seqs, num_groups, d_state)
     assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and out.shape == x.shape
     assert state_indices.shape == (num_seqs,)
-
-
-def _per_channel(D: Tensor, num_heads: int, head_dim: int) -> Tensor:
-    """D (H,) or (H, P) as an (H, P) view; a per-head D gets a zero stride along P."""
-    assert D.numel() in (num_heads, num_heads * head_dim)
-    return D.reshape(num_heads, -1).expand(num_heads, head_dim)
 
 
 def _tile_rows(d_state: int, head_dim: int) -> tuple[int, int]:
