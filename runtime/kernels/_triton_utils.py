@@ -58,3 +58,11 @@ def round_to(x, dtype: tl.constexpr):
         return bits.to(tl.float32, bitcast=True)
     else:
         return x.to(dtype).to(tl.float32)
+
+
+def kernels_are_interpreted() -> bool:
+    """Whether the kernels were decorated under the interpreter. TRITON_INTERPRET takes effect at
+    @triton.jit time, so setting it after runtime.kernels was imported is too late."""
+    from runtime.kernels.kv_cache import _store_kv_kernel
+
+    return type(_store_kv_kernel).__name__ == "InterpretedFunction"
