@@ -37,7 +37,12 @@ from runtime.kernels.metadata import (
 )
 from runtime.kernels.paged_attention import paged_attention_ref, paged_attention_triton
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref, rms_norm_gated_triton
-from runtime.kernels.selective_scan import selective_scan_ref, selective_state_update_mamba1_ref
+from runtime.kernels.selective_scan import (
+    selective_scan_ref,
+    selective_scan_triton,
+    selective_state_update_mamba1_ref,
+    selective_state_update_mamba1_triton,
+)
 from runtime.kernels.ssd_scan import ssd_scan_ref, ssd_scan_triton
 from runtime.kernels.ssm_state_update import selective_state_update_ref, selective_state_update_triton
 
@@ -54,8 +59,8 @@ IMPLEMENTATIONS = {
     "ssd_scan": (ssd_scan_ref, ssd_scan_triton),
     "selective_state_update": (selective_state_update_ref, selective_state_update_triton),
     "rms_norm_gated": (rms_norm_gated_ref, rms_norm_gated_triton),
-    "selective_scan": (selective_scan_ref, selective_scan_ref),
-    "selective_state_update_mamba1": (selective_state_update_mamba1_ref, selective_state_update_mamba1_ref),
+    "selective_scan": (selective_scan_ref, selective_scan_triton),
+    "selective_state_update_mamba1": (selective_state_update_mamba1_ref, selective_state_update_mamba1_triton),
 }
 
 backend = "torch"  # the references, until an engine binds
