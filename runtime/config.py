@@ -53,7 +53,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self._check_positive()
         if self.kernel_backend not in KERNEL_BACKENDS:
-            raise ConfigError(f"kernel_backend must be one of {', '.join(KERNEL_BACKENDS)}, got {self.kernel_backend!r}")
+            choices = ", ".join(KERNEL_BACKENDS)
+            raise ConfigError(f"kernel_backend must be one of {choices}, got {self.kernel_backend!r}")
         raw = load_raw_config(self.model)
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)

@@ -139,7 +139,8 @@ def _selective_state_update_kernel(
     b = tl.load(B + seq * stride_b_seq + group * stride_b_group + n * stride_b_n, mask=n_ok).to(tl.float32)
     c = tl.load(C + seq * stride_c_seq + group * stride_c_group + n * stride_c_n, mask=n_ok).to(tl.float32)
 
-    state_ptrs = ssm_states + slot * stride_s_slot + head * stride_s_head + p[:, None] * stride_s_p + n[None, :] * stride_s_n
+    state_ptrs = (ssm_states + slot * stride_s_slot + head * stride_s_head + p[:, None] * stride_s_p
+                  + n[None, :] * stride_s_n)
     state_mask = p_ok[:, None] & n_ok[None, :]
     state = tl.load(state_ptrs, mask=state_mask, other=0.0).to(tl.float32)
     state = state * decay + (dt_h * x_p)[:, None] * b[None, :]

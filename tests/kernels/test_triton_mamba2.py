@@ -145,7 +145,8 @@ def test_ssd_scan_strong_decay_against_recurrence():
     states = torch.zeros(1, H, P, N, device=DEVICE)
     meta = build_mamba_prefill_metadata([128], [0], 128, DEVICE)
     inputs = on(inputs)
-    out = ssd_scan_triton(**inputs, dt_limit=NO_LIMIT, ssm_states=states, state_indices=torch.tensor([0], device=DEVICE),
-                          meta=meta, out=torch.empty_like(inputs["x"]))
+    slots = torch.tensor([0], device=DEVICE)
+    out = ssd_scan_triton(**inputs, dt_limit=NO_LIMIT, ssm_states=states, state_indices=slots, meta=meta,
+                          out=torch.empty_like(inputs["x"]))
     torch.testing.assert_close(out.cpu().double(), expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(states[0].cpu().double(), final, atol=1e-5, rtol=1e-5)
