@@ -43,6 +43,7 @@ def rms_norm_gated_triton(x: Tensor, z: Tensor | None, weight: Tensor, eps: floa
     _rms_norm_gated_kernel[(triton.cdiv(num_tokens, block_t), dim // group_size)](
         x, gate, weight, out, num_tokens, eps, *x.stride(), *gate.stride(), *out.stride(),
         GROUP_SIZE=group_size, HAS_GATE=z is not None, BLOCK_T=block_t, BLOCK_G=block_g,
+        num_warps=max(4, min(16, block_t * block_g // 1024)),  # about 32 elements of the tile per thread
     )  # fmt: skip
     return out
 
