@@ -120,7 +120,6 @@ def benchmark(sizes: Sizes) -> int:
         tflops = f"{case.flops / seconds / 1e12:7.1f}" if case.flops else " " * 7
         print(f"| {case.kernel:<30} | {case.shape:<28} | {ms * 1e3:9.1f} | {case.bytes / 1e6:9.2f} "
               f"| {case.bytes / seconds / 1e9:7.0f} | {100 * case.bytes / seconds / copy_bw:5.0f}% | {tflops} |")
-        del case
     print(f"total {time.time() - started:.0f} s")
     return 0
 
@@ -222,10 +221,10 @@ def attention_cases(s: Sizes, device: str) -> Iterator[Case]:
                    v_cache, slots), 2 * tokens * token_bytes + 8 * tokens)
 
     def attention(name: str, query_lens: list[int], seq_lens: list[int]) -> Case:
-        blocks = [math.ceil(n / s.page) for n in seq_lens]
-        table = torch.randperm(num_pages, device=device)[: max(blocks)].repeat(len(seq_lens), 1).int()
-        if len(seq_lens) * max(blocks) <= num_pages:  # distinct pages for every sequence
-            table = torch.randperm(num_pages, device=device)[: len(seq_lens) * max(blocks)].view(len(seq_lens), -1).int()
+        blocks = max(math.ceil(n / s.page) for n in seq_lens)
+        assert len(seq_lens) * blocks <= num_pages
+        # Distinct pages in random order: each sequence's keys are scattered over the pool.
+        table = torch.randperm(num_pages, device=device)[: len(seq_lens) * blocks].view(len(seq_lens), -1).int()
         meta = build_attention_metadata(query_lens, seq_lens, device)
         q = torch.randn(sum(query_lens), s.q_heads, s.attn_head_dim, dtype=BF16, device=device)
         out = torch.empty_like(q)
