@@ -117,7 +117,7 @@ def causal_conv1d_fn_triton(
     """
     _check_conv_args(x, weight, bias, conv_states, activation)
     assert state_indices.shape == (meta.num_sequences,)
-    num_tokens, dim = x.shape
+    dim = x.shape[1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     num_chunks = meta.chunk_seq_idx.shape[0]
     block_d = min(CONV_BLOCK_D, triton.next_power_of_2(dim))

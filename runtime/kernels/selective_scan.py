@@ -147,7 +147,7 @@ def selective_scan_triton(
     time. Simple and exact, but a long prompt is latency-bound on a GPU (no chunked form yet).
     """
     _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out)
-    assert state_indices.shape == (meta.num_sequences,) and x.shape[0] == int(meta.query_start_loc[-1])
+    assert state_indices.shape == (meta.num_sequences,)  # nothing that reads a device value: no sync
     d_inner, d_state = A.shape
     block_d = min(MAMBA1_BLOCK_D, triton.next_power_of_2(d_inner))
     _selective_scan_kernel[(triton.cdiv(d_inner, block_d), meta.num_sequences)](

@@ -53,6 +53,7 @@ def ssd_scan_ref(
     state is written back to ssm_states[slot]. Writes out and returns it.
     """
     _check_args(x, dt, A, B, C, ssm_states, state_indices, meta, out)
+    assert x.shape[0] == int(meta.cu_chunk_seqlens[-1])
     num_heads = x.shape[1]
     chunks = _ChunkedInputs.gather(x, time_step(dt, dt_bias, dt_limit), A, B, C, meta.cu_chunk_seqlens)
     y, chunk_states = chunks.intra_chunk()
@@ -120,8 +121,8 @@ def _check_args(
     assert num_heads % num_groups == 0 and A.shape == (num_heads,) and A.dtype == torch.float32
     assert dt.shape == (num_tokens, num_heads) and B.shape == C.shape == (num_tokens, num_groups, d_state)
     assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and out.shape == x.shape
+    # No check that reads a metadata value: on a GPU it would wait for the device at every layer.
     assert state_indices.shape == (meta.num_sequences,)
-    assert num_tokens == int(meta.cu_chunk_seqlens[-1])
 
 
 class _ChunkedInputs:
@@ -221,7 +222,8 @@ class _Sizes:
         self.block_k = min(32, q_pad)  # chunk positions per step of the K-loops
 
 
-def _chunk_cumsum(dt, A, dt_bias, dt_limit, meta, dt_out, acs, sizes: _Sizes) -> None:
+def _chunk_cumsum(dt: Tensor, A: Tensor, dt_bias: Tensor, dt_limit: tuple[float, float], meta: MambaPrefillMetadata,
+                  dt_out: Tensor, acs: Tensor, sizes: _Sizes) -> None:
     num_heads, num_chunks = dt_out.shape[:2]
     block_h = max(1, min(triton.next_power_of_2(num_heads), 4096 // sizes.q_pad))
     _chunk_cumsum_kernel[(num_chunks, triton.cdiv(num_heads, block_h))](
@@ -230,7 +232,7 @@ def _chunk_cumsum(dt, A, dt_bias, dt_limit, meta, dt_out, acs, sizes: _Sizes) ->
     )  # fmt: skip
 
 
-def _chunk_cb(B, C, meta, cb, sizes: _Sizes) -> None:
+def _chunk_cb(B: Tensor, C: Tensor, meta: MambaPrefillMetadata, cb: Tensor, sizes: _Sizes) -> None:
     num_chunks, num_groups = cb.shape[:2]
     tiles = triton.cdiv(sizes.q_pad, sizes.block_q)
     _chunk_cb_kernel[(tiles * tiles, num_chunks, num_groups)](
@@ -239,7 +241,8 @@ def _chunk_cb(B, C, meta, cb, sizes: _Sizes) -> None:
     )  # fmt: skip
 
 
-def _chunk_states(x, B, meta, dt_out, acs, states, sizes: _Sizes) -> None:
+def _chunk_states(x: Tensor, B: Tensor, meta: MambaPrefillMetadata, dt_out: Tensor, acs: Tensor, states: Tensor,
+                  sizes: _Sizes) -> None:
     num_chunks, num_heads = states.shape[:2]
     grid = (triton.cdiv(sizes.head_dim, sizes.block_p), num_chunks, num_heads)
     _chunk_state_kernel[grid](
@@ -250,7 +253,8 @@ def _chunk_states(x, B, meta, dt_out, acs, states, sizes: _Sizes) -> None:
     )  # fmt: skip
 
 
-def _pass_states(ssm_states, state_indices, meta, acs, states, sizes: _Sizes) -> None:
+def _pass_states(ssm_states: Tensor, state_indices: Tensor, meta: MambaPrefillMetadata, acs: Tensor, states: Tensor,
+                 sizes: _Sizes) -> None:
     num_heads = states.shape[1]
     block = min(1024, triton.next_power_of_2(sizes.head_dim * sizes.d_state))
     grid = (triton.cdiv(sizes.head_dim * sizes.d_state, block), num_heads, meta.num_sequences)
@@ -261,7 +265,8 @@ def _pass_states(ssm_states, state_indices, meta, acs, states, sizes: _Sizes) ->
     )  # fmt: skip
 
 
-def _chunk_scan(x, C, D, meta, dt_out, acs, cb, states, out, sizes: _Sizes) -> None:
+def _chunk_scan(x: Tensor, C: Tensor, D: Tensor, meta: MambaPrefillMetadata, dt_out: Tensor, acs: Tensor, cb: Tensor,
+                states: Tensor, out: Tensor, sizes: _Sizes) -> None:
     num_chunks, num_heads = states.shape[:2]
     p_tiles = triton.cdiv(sizes.head_dim, sizes.block_p)
     _chunk_scan_kernel[(triton.cdiv(sizes.q_pad, sizes.block_q) * p_tiles, num_chunks, num_heads)](
