@@ -19,7 +19,8 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -201,6 +202,7 @@ def all_cases(s: Sizes, device: str) -> Iterator[Case]:
 
 
 BF16 = torch.bfloat16
+NO_DT_LIMIT = (0.0, float("inf"))
 
 
 def attention_cases(s: Sizes, device: str) -> Iterator[Case]:
@@ -217,8 +219,8 @@ def attention_cases(s: Sizes, device: str) -> Iterator[Case]:
     for tokens in (1, max(s.batches), 8192 if device == "cuda" else 50):
         kv = torch.randn(2, tokens, s.kv_heads, s.attn_head_dim, dtype=BF16, device=device)
         slots = torch.randperm(num_pages * s.page, device=device)[:tokens]
-        yield Case("store_kv", f"T={tokens}", lambda kv=kv, slots=slots: store_kv_triton(kv[0], kv[1], k_cache,
-                   v_cache, slots), 2 * tokens * token_bytes + 8 * tokens)
+        run = partial(store_kv_triton, kv[0], kv[1], k_cache, v_cache, slots)
+        yield Case("store_kv", f"T={tokens}", run, 2 * tokens * token_bytes + 8 * tokens)
 
     def attention(name: str, query_lens: list[int], seq_lens: list[int]) -> Case:
         blocks = max(math.ceil(n / s.page) for n in seq_lens)
@@ -231,7 +233,7 @@ def attention_cases(s: Sizes, device: str) -> Iterator[Case]:
         moved = sum(seq_lens) * token_bytes + 2 * q.numel() * 2 + table.numel() * 4
         visible = sum(sum(n - q_len + i + 1 for i in range(q_len)) for q_len, n in zip(query_lens, seq_lens))
         flops = 4 * s.q_heads * s.attn_head_dim * visible
-        run = lambda: paged_attention_triton(q, k_cache, v_cache, table, meta, s.attn_head_dim**-0.5, out)  # noqa: E731
+        run = partial(paged_attention_triton, q, k_cache, v_cache, table, meta, s.attn_head_dim**-0.5, out)
         return Case("paged_attention " + name, f"{shape(query_lens, seq_lens)}", run, moved, flops)
 
     for context in s.contexts:
@@ -263,12 +265,11 @@ def mamba2_decode_cases(s: Sizes, device: str) -> Iterator[Case]:
             params = param_tensors(s, device)
             slots = torch.randperm(slots_total, device=device)[:batch]
             out = torch.empty_like(x)
-            run = lambda x=x, bc=bc, dt=dt, slots=slots, out=out, p=params: selective_state_update_triton(  # noqa: E731
-                ssm, x, dt, p["A"], bc[0], bc[1], p["D"], p["dt_bias"], (0.0, float("inf")), slots, out)
+            run = partial(selective_state_update_triton, ssm, x, dt, params["A"], bc[0], bc[1], params["D"],
+                          params["dt_bias"], NO_DT_LIMIT, slots, out)
             moved = batch * (2 * s.heads * s.head_dim * s.d_state * size
                              + (2 * s.heads * s.head_dim + 2 * s.groups * s.d_state + s.heads) * 2)
             yield Case(f"ssm_state_update ({str(state_dtype)[6:]})", f"b={batch}", run, moved)
-        del ssm
 
     conv_states = torch.empty(max(s.batches) + 1, s.width - 1, s.conv_dim, dtype=BF16, device=device).normal_()
     weight = torch.randn(s.conv_dim, s.width, dtype=BF16, device=device)
@@ -276,13 +277,13 @@ def mamba2_decode_cases(s: Sizes, device: str) -> Iterator[Case]:
     for batch in s.batches:
         x = torch.randn(batch, s.conv_dim, dtype=BF16, device=device)
         slots = torch.randperm(conv_states.shape[0], device=device)[:batch]
-        run = lambda x=x, slots=slots: causal_conv1d_update_triton(x, weight, bias, conv_states, slots)  # noqa: E731
+        run = partial(causal_conv1d_update_triton, x, weight, bias, conv_states, slots)
         yield Case("causal_conv1d_update", f"b={batch}", run, batch * s.conv_dim * 2 * (2 * (s.width - 1) + 2))
 
     norm_weight = torch.rand(s.d_inner, dtype=BF16, device=device)
     for tokens in (*s.batches, max(s.prefills)):
         x, z = torch.randn(2, tokens, s.d_inner, dtype=BF16, device=device)
-        run = lambda x=x, z=z: rms_norm_gated_triton(x, z, norm_weight, 1e-5, s.d_inner // s.groups)  # noqa: E731
+        run = partial(rms_norm_gated_triton, x, z, norm_weight, 1e-5, s.d_inner // s.groups)
         yield Case("rms_norm_gated", f"T={tokens}", run, 3 * tokens * s.d_inner * 2)
 
 
@@ -306,8 +307,7 @@ def mamba2_prefill_cases(s: Sizes, device: str) -> Iterator[Case]:
         slots = torch.arange(len(lens), device=device)
         conv_states = torch.empty(len(lens), s.width - 1, s.conv_dim, dtype=BF16, device=device)
         xbc = torch.randn(tokens, s.conv_dim, dtype=BF16, device=device)
-        run = lambda xbc=xbc, cs=conv_states, slots=slots, meta=meta: causal_conv1d_fn_triton(  # noqa: E731
-            xbc, weight, None, cs, slots, meta)
+        run = partial(causal_conv1d_fn_triton, xbc, weight, None, conv_states, slots, meta)
         name = f"T={tokens}" if len(lens) == 1 else f"{len(lens)} x {length}"
         yield Case("causal_conv1d_fn", name, run, tokens * s.conv_dim * 2 * 2)
 
@@ -317,8 +317,8 @@ def mamba2_prefill_cases(s: Sizes, device: str) -> Iterator[Case]:
         dt = torch.randn(tokens, s.heads, dtype=BF16, device=device) - 2
         ssm = torch.zeros(len(lens), s.heads, s.head_dim, s.d_state, dtype=torch.float32, device=device)
         out = torch.empty_like(x)
-        run = lambda x=x, B=B, C=C, dt=dt, ssm=ssm, slots=slots, meta=meta, out=out: ssd_scan_triton(  # noqa: E731
-            x, dt, params["A"], B, C, params["D"], params["dt_bias"], (0.0, float("inf")), ssm, slots, meta, out)
+        run = partial(ssd_scan_triton, x, dt, params["A"], B, C, params["D"], params["dt_bias"], NO_DT_LIMIT, ssm,
+                      slots, meta, out)
         moved = tokens * (2 * s.d_inner + 2 * s.groups * s.d_state + s.heads) * 2 + ssm.numel() * 4
         # CB, chunk states, and the two halves of the chunk scan, per chunk of Q tokens.
         per_token = 2 * (s.chunk * s.groups * s.d_state + 2 * s.d_inner * s.d_state + s.chunk * s.d_inner / 2)
@@ -339,16 +339,14 @@ def mamba1_cases(s: Sizes, device: str) -> Iterator[Case]:
         bc = torch.randn(2, tokens, n, dtype=BF16, device=device)
         out = torch.empty_like(x)
         slot = torch.zeros(1, dtype=torch.long, device=device)
-        run = lambda x=x, dt=dt, z=z, bc=bc, meta=meta, out=out: selective_scan_triton(  # noqa: E731
-            x, dt, A, bc[0], bc[1], D, dt_bias, z, states, slot, meta, out)
+        run = partial(selective_scan_triton, x, dt, A, bc[0], bc[1], D, dt_bias, z, states, slot, meta, out)
         yield Case("mamba1 selective_scan", f"T={tokens}", run, tokens * (4 * dm + 2 * n) * 2 + dm * n * 8)
     for batch in s.batches:
         x, dt, z = torch.randn(3, batch, dm, dtype=BF16, device=device)
         bc = torch.randn(2, batch, n, dtype=BF16, device=device)
         slots = torch.randperm(states.shape[0], device=device)[:batch]
         out = torch.empty_like(x)
-        run = lambda x=x, dt=dt, z=z, bc=bc, slots=slots, out=out: selective_state_update_mamba1_triton(  # noqa: E731
-            states, x, dt, A, bc[0], bc[1], D, dt_bias, z, slots, out)
+        run = partial(selective_state_update_mamba1_triton, states, x, dt, A, bc[0], bc[1], D, dt_bias, z, slots, out)
         yield Case("mamba1 state_update", f"b={batch}", run, batch * (2 * dm * n * 4 + (4 * dm + 2 * n) * 2))
 
 

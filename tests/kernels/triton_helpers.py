@@ -39,6 +39,3 @@ def on_device(pool):
     pool.allowed = pool.allowed.to(DEVICE)
     return pool
 
-
-def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.double().cpu() - expected.double().cpu()).abs().max())
