@@ -22,6 +22,8 @@ logger = logging.getLogger("tandem")
 ATTENTION_ALIGNMENT = 16
 DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_BATCHED_TOKENS = 2048
+# "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
+KERNEL_BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class EngineConfig:
     num_pages: int | None = None
     seed: int = 0
     device: str = "auto"
+    kernel_backend: str = "auto"
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
@@ -49,6 +52,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self._check_positive()
+        if self.kernel_backend not in KERNEL_BACKENDS:
+            choices = ", ".join(KERNEL_BACKENDS)
+            raise ConfigError(f"kernel_backend must be one of {choices}, got {self.kernel_backend!r}")
         raw = load_raw_config(self.model)
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)

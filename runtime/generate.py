@@ -17,6 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--kernel-backend", choices=("auto", "torch", "triton"), default="auto",
+                        help="triton kernels on CUDA, torch references elsewhere (default auto)")
     parser.set_defaults(run=run)
 
 
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     llm = LLM(model, dtype=args.dtype, tensor_parallel_size=args.tp, block_size=args.block_size,
               enable_prefix_caching=args.enable_prefix_caching, mamba_ssm_dtype=args.mamba_ssm_dtype,
-              max_model_len=args.max_model_len)
+              max_model_len=args.max_model_len, kernel_backend=args.kernel_backend)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens)
     output = llm.generate([prompt], params, use_tqdm=False)[0]

@@ -40,6 +40,7 @@ class LLM:
         mamba_ssm_dtype: str = "auto",
         seed: int = 0,
         device: str = "auto",
+        kernel_backend: str = "auto",
     ):
         config = EngineConfig(
             model=str(model if model is not None else DEFAULT_MODEL),
@@ -56,6 +57,7 @@ class LLM:
             mamba_ssm_dtype=mamba_ssm_dtype,
             seed=seed,
             device=device,
+            kernel_backend=kernel_backend,
         )
         self.engine = Engine(config)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime import kernels
 from runtime.cache.layout import CacheLayout
 from runtime.cache.pool import allocate_pool, bind_pool, default_cache_bytes
 from runtime.config import EngineConfig
@@ -41,6 +42,9 @@ class ModelRunner:
         self.config = config
         self.layout: CacheLayout = config.cache
         self.device = resolve_device(config.device)
+        # Once per engine, before any kernel runs: no kernel call checks its device.
+        self.kernel_backend = kernels.bind(kernels.resolve_backend(config.kernel_backend, self.device))
+        logger.info("kernel backend: %s on %s", self.kernel_backend, self.device)
         self.model = build_model(config, self.device)
         self.num_pages = self._num_pages()
         self.pool = allocate_pool(self.layout, self.num_pages, self.device)

@@ -1,24 +1,70 @@
-"""The ops the engine calls, bound once at import.
+"""The ops the engine calls, bound once at startup to one backend.
 
-Each op is its torch reference for now: these references are the CPU production path and the
-oracles for the Triton kernels. A later issue binds Triton launchers here for CUDA tensors,
-with the same signatures.
+Every op has a torch reference (`<op>_ref`: the CPU production path, and the oracle of the tests)
+and a Triton launcher (`<op>_triton`) with the same signature, in the same file. The names below
+start bound to the references; the model runner calls `bind(resolve_backend(...))` once, when it
+starts, so no kernel call checks a device. `resolve_backend` picks Triton for a CUDA device and
+the references otherwise; TANDEM_KERNEL_BACKEND=torch|triton forces either when the engine's
+`kernel_backend` knob is "auto". Triton on a CPU means the interpreter, for tests: it needs
+TRITON_INTERPRET=1 before triton is first imported.
+
+The binding is per process: an engine built later with another backend rebinds the ops for the
+engines built before it (a warning says so).
 """
 
-from runtime.kernels.causal_conv1d import causal_conv1d_fn_ref, causal_conv1d_update_ref
-from runtime.kernels.kv_cache import store_kv_ref
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from runtime.config import KERNEL_BACKENDS
+from runtime.hf_config import ConfigError
+from runtime.kernels._triton_utils import interpreting, kernels_are_interpreted
+from runtime.kernels.causal_conv1d import (
+    causal_conv1d_fn_ref,
+    causal_conv1d_fn_triton,
+    causal_conv1d_update_ref,
+    causal_conv1d_update_triton,
+)
+from runtime.kernels.kv_cache import store_kv_ref, store_kv_triton
 from runtime.kernels.metadata import (
     AttentionMetadata,
     MambaPrefillMetadata,
     build_attention_metadata,
     build_mamba_prefill_metadata,
 )
-from runtime.kernels.paged_attention import paged_attention_ref
-from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
-from runtime.kernels.selective_scan import selective_scan_ref, selective_state_update_mamba1_ref
-from runtime.kernels.ssd_scan import ssd_scan_ref
-from runtime.kernels.ssm_state_update import selective_state_update_ref
+from runtime.kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from runtime.kernels.rms_norm_gated import rms_norm_gated_ref, rms_norm_gated_triton
+from runtime.kernels.selective_scan import (
+    selective_scan_ref,
+    selective_scan_triton,
+    selective_state_update_mamba1_ref,
+    selective_state_update_mamba1_triton,
+)
+from runtime.kernels.ssd_scan import ssd_scan_ref, ssd_scan_triton
+from runtime.kernels.ssm_state_update import selective_state_update_ref, selective_state_update_triton
 
+logger = logging.getLogger("tandem")
+
+ENV_VAR = "TANDEM_KERNEL_BACKEND"
+
+# op name: (torch reference, Triton launcher)
+IMPLEMENTATIONS = {
+    "store_kv": (store_kv_ref, store_kv_triton),
+    "paged_attention": (paged_attention_ref, paged_attention_triton),
+    "causal_conv1d_fn": (causal_conv1d_fn_ref, causal_conv1d_fn_triton),
+    "causal_conv1d_update": (causal_conv1d_update_ref, causal_conv1d_update_triton),
+    "ssd_scan": (ssd_scan_ref, ssd_scan_triton),
+    "selective_state_update": (selective_state_update_ref, selective_state_update_triton),
+    "rms_norm_gated": (rms_norm_gated_ref, rms_norm_gated_triton),
+    "selective_scan": (selective_scan_ref, selective_scan_triton),
+    "selective_state_update_mamba1": (selective_state_update_mamba1_ref, selective_state_update_mamba1_triton),
+}
+
+backend = "torch"  # the references, until an engine binds
+_bound = False
 store_kv = store_kv_ref
 paged_attention = paged_attention_ref
 causal_conv1d_fn = causal_conv1d_fn_ref
@@ -29,18 +75,44 @@ rms_norm_gated = rms_norm_gated_ref
 selective_scan = selective_scan_ref
 selective_state_update_mamba1 = selective_state_update_mamba1_ref
 
+
+def resolve_backend(requested: str, device: torch.device) -> str:
+    """"torch" or "triton" for an engine on `device`: `requested` unless "auto", then the environment
+    variable unless unset or "auto", then Triton for CUDA and the references for anything else."""
+    choice, source = requested, "kernel_backend"
+    if choice == "auto":
+        choice, source = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto", ENV_VAR
+    if choice not in KERNEL_BACKENDS:
+        raise ConfigError(f"{source}={choice!r} is not a kernel backend; choose one of {', '.join(KERNEL_BACKENDS)}")
+    if choice == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if choice == "triton" and device.type != "cuda" and not (interpreting() and kernels_are_interpreted()):
+        raise ConfigError(
+            f"the triton kernel backend on a {device.type} device needs the Triton interpreter: set "
+            "TRITON_INTERPRET=1 before triton is first imported (it is for tests; use a CUDA device otherwise)"
+        )
+    return choice
+
+
+def bind(name: str) -> str:
+    """Point every op at its `name` ("torch" or "triton") implementation; returns name."""
+    global backend, _bound
+    assert name in ("torch", "triton"), name
+    if _bound and name != backend:
+        logger.warning("kernel backend: %s (was %s); engines built earlier in this process now use it too",
+                       name, backend)
+    which = 0 if name == "torch" else 1
+    globals().update({op: implementations[which] for op, implementations in IMPLEMENTATIONS.items()})
+    backend, _bound = name, True
+    return name
+
+
 __all__ = [
     "AttentionMetadata",
     "MambaPrefillMetadata",
     "build_attention_metadata",
     "build_mamba_prefill_metadata",
-    "store_kv",
-    "paged_attention",
-    "causal_conv1d_fn",
-    "causal_conv1d_update",
-    "ssd_scan",
-    "selective_state_update",
-    "rms_norm_gated",
-    "selective_scan",
-    "selective_state_update_mamba1",
+    "resolve_backend",
+    "bind",
+    *IMPLEMENTATIONS,
 ]

@@ -10,15 +10,23 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
+from runtime.kernels._triton_utils import dot_dtype
 from runtime.kernels.metadata import AttentionMetadata
 
 # Decodes are batched in groups whose padded K gather holds at most this many elements (64 MiB of
 # float32, as much again for V), so a large decode batch with long contexts does not gather its
 # whole KV at once.
 DECODE_GATHER_ELEMENTS = 1 << 24
+
+# Keys per step of the Triton kernel's loop (vLLM's choice): fewer for decodes, whose single query
+# row makes each step cheap, so that short contexts waste less of a tile.
+DECODE_TILE, PREFILL_TILE = 16, 32
+LOG2_E = 1.4426950408889634
 
 
 def paged_attention_ref(
@@ -38,10 +46,8 @@ def paged_attention_ref(
     Hq is a multiple of Hkv (query head h uses KV head h // (Hq // Hkv)); any block_size.
     Writes out and returns it.
     """
-    num_q_heads, head_dim = q.shape[1:]
-    assert k_cache.shape == v_cache.shape and k_cache.shape[3] == head_dim
-    assert num_q_heads % k_cache.shape[2] == 0
-    assert out.shape == q.shape and block_table.shape[0] == meta.num_sequences
+    _check_args(q, k_cache, v_cache, block_table, meta, out)
+    head_dim = q.shape[2]
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
     query_lens = [end - start for start, end in zip(starts, starts[1:])]
@@ -53,6 +59,49 @@ def paged_attention_ref(
             tokens = slice(starts[s], starts[s] + num_new)
             out[tokens] = _sequence_attention(q[tokens], k_cache, v_cache, block_table[s], seq_lens[s], scale)
     return out
+
+
+def paged_attention_triton(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: Tensor,
+) -> Tensor:
+    """paged_attention_ref as one Triton kernel for decodes and prefill chunks alike (same shapes).
+
+    A program takes BLOCK_Q query positions of one sequence times the Hq // Hkv query heads of one
+    KV head, so the heads of a group share each K/V load (rows = position x head). It walks the keys
+    in tiles of TILE tokens, independent of the page size: each key looks up its own page.
+    """
+    _check_args(q, k_cache, v_cache, block_table, meta, out)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    queries_per_kv = num_q_heads // num_kv_heads
+    block_m = max(16, triton.next_power_of_2(queries_per_kv))  # tl.dot needs 16 rows on a GPU
+    block_q = block_m // queries_per_kv
+    # Sequence s owns query blocks from query_start_loc[s] // BLOCK_Q + s on, so this bounds their
+    # number without reading query lengths on the host; surplus programs return at once.
+    grid = (num_tokens // block_q + meta.num_sequences, num_kv_heads)
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, block_table, meta.query_start_loc, meta.seq_lens, out, scale * LOG2_E,
+        meta.num_sequences, k_cache.shape[1], *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(),
+        block_table.stride(0),
+        QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m, BLOCK_Q=block_q, TILE=DECODE_TILE if meta.max_query_len == 1 else PREFILL_TILE,
+        DOT_DTYPE=dot_dtype(q.dtype),
+    )  # fmt: skip
+    return out
+
+
+def _check_args(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, meta: AttentionMetadata,
+                out: Tensor) -> None:
+    num_q_heads, head_dim = q.shape[1:]
+    assert k_cache.shape == v_cache.shape and k_cache.shape[3] == head_dim
+    assert num_q_heads % k_cache.shape[2] == 0
+    assert out.shape == q.shape and block_table.shape[0] == meta.num_sequences
 
 
 def _decode_groups(decodes: list[int], seq_lens: list[int], block_size: int, per_token: int) -> list[list[int]]:
@@ -129,3 +178,70 @@ def _decode_attention(
         enable_gqa=True,
     )
     out[tokens] = o[:, :, 0].to(out.dtype)
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, scale_log2, num_seqs, block_size,
+    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+    stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh, stride_vd, stride_bt,
+    QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr, TILE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):  # fmt: skip
+    q_block, kv_head = tl.program_id(0), tl.program_id(1)
+    # Binary search for the last sequence whose first query block is <= q_block.
+    lo, hi = 0, num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        owns_from = tl.load(query_start_loc + mid) // BLOCK_Q + mid
+        lo = tl.where(owns_from <= q_block, mid + 1, lo)
+        hi = tl.where(owns_from <= q_block, hi, mid)
+    seq = lo - 1
+    q_start = tl.load(query_start_loc + seq)
+    q_len = tl.load(query_start_loc + seq + 1) - q_start
+    first_q = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    if first_q >= q_len:
+        return
+    context_len = tl.load(seq_lens + seq) - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    q_pos = first_q + rows // QUERIES_PER_KV  # among the sequence's new tokens
+    head = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV
+    # BLOCK_M may exceed BLOCK_Q * QUERIES_PER_KV when the group size is not a power of 2.
+    row_ok = (rows // QUERIES_PER_KV < BLOCK_Q) & (q_pos < q_len)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    token = (q_start + q_pos).to(tl.int64)
+    q_tile = tl.load(q + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd,
+                     mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
+    last_key = context_len + q_pos  # causal: each row sees keys 0..last_key
+    num_keys = context_len + tl.minimum(first_q + BLOCK_Q, q_len)  # what the block's last row sees
+
+    # Online softmax in float32, base 2. A finite start for the running max keeps exp2(m_old - m_new)
+    # at 1, not NaN, for rows that see nothing yet (padding rows never do); every real row sees key 0.
+    m_i = tl.full([BLOCK_M], -1e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, num_keys, TILE):
+        pos = start + tl.arange(0, TILE)
+        pos_ok = pos < num_keys
+        # Per-key page lookup: TILE need not divide, or be divided by, the page size.
+        page = tl.load(block_table + seq * stride_bt + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
+        offset = pos % block_size
+        kv_mask = pos_ok[:, None] & d_ok[None, :]
+        # Masked loads return 0, never the stale (possibly NaN) bytes past a sequence's end.
+        k = tl.load(k_cache + page[:, None] * stride_kp + offset[:, None] * stride_ks + kv_head * stride_kh
+                    + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        s = tl.dot(q_tile, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * scale_log2
+        s = tl.where(row_ok[:, None] & (pos[None, :] <= last_key[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache + page[:, None] * stride_vp + offset[:, None] * stride_vs + kv_head * stride_vh
+                    + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
+        m_i = m_new
+    acc = acc / tl.where(row_ok, l_i, 1.0)[:, None]
+    tl.store(out + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od, acc,
+             mask=row_ok[:, None] & d_ok[None, :])

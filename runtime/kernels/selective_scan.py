@@ -22,8 +22,11 @@ import math
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from torch import Tensor
 
+from runtime.kernels import _triton_utils as tu
 from runtime.kernels.common import NO_DT_LIMIT, gather_initial_states, pass_states, scatter_states, time_step
 from runtime.kernels.metadata import MambaPrefillMetadata
 
@@ -31,6 +34,9 @@ from runtime.kernels.metadata import MambaPrefillMetadata
 # small enough to stay in cache (larger steps become memory-bound), large enough to hide the
 # per-step Python overhead.
 STEP_ELEMENTS = 1 << 20
+
+# Channels per program of the Triton kernels: a (BLOCK_D, N) state tile stays in registers.
+MAMBA1_BLOCK_D = 64
 
 
 def selective_scan_ref(
@@ -119,6 +125,71 @@ def selective_state_update_mamba1_ref(
     return out
 
 
+def selective_scan_triton(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor,
+    dt_bias: Tensor | None,
+    z: Tensor | None,
+    ssm_states: Tensor,
+    state_indices: Tensor,
+    meta: MambaPrefillMetadata,
+    out: Tensor,
+    sub_chunk_len: int | None = None,
+) -> Tensor:
+    """selective_scan_ref as one Triton kernel (same shapes; sub_chunk_len is ignored).
+
+    A program holds the (BLOCK_D, N) state of a block of channels of one sequence and steps
+    through the sequence's tokens in order: parallel over sequences and channels, sequential in
+    time. Simple and exact, but a long prompt is latency-bound on a GPU (no chunked form yet).
+    """
+    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out)
+    assert state_indices.shape == (meta.num_sequences,)  # nothing that reads a device value: no sync
+    d_inner, d_state = A.shape
+    block_d = min(MAMBA1_BLOCK_D, triton.next_power_of_2(d_inner))
+    _selective_scan_kernel[(triton.cdiv(d_inner, block_d), meta.num_sequences)](
+        x, dt, A, B, C, D, _or(dt_bias, D), _or(z, x), ssm_states, state_indices, meta.has_initial_state,
+        meta.query_start_loc, out, d_inner, *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *C.stride(),
+        *_or(z, x).stride(), *ssm_states.stride(), *out.stride(), D_STATE=d_state, HAS_DT_BIAS=dt_bias is not None,
+        HAS_Z=z is not None, BLOCK_D=block_d, BLOCK_N=triton.next_power_of_2(d_state),
+    )  # fmt: skip
+    return out
+
+
+def selective_state_update_mamba1_triton(
+    ssm_states: Tensor,
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor,
+    dt_bias: Tensor | None,
+    z: Tensor | None,
+    state_indices: Tensor,
+    out: Tensor,
+) -> Tensor:
+    """selective_state_update_mamba1_ref as one Triton kernel (same shapes): a program per (channel block, sequence)."""
+    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out)
+    d_inner, d_state = A.shape
+    block_d = min(MAMBA1_BLOCK_D, triton.next_power_of_2(d_inner))
+    _selective_state_update_mamba1_kernel[(triton.cdiv(d_inner, block_d), x.shape[0])](
+        x, dt, A, B, C, D, _or(dt_bias, D), _or(z, x), ssm_states, state_indices, out, d_inner, *x.stride(),
+        *dt.stride(), *A.stride(), *B.stride(), *C.stride(), *_or(z, x).stride(), *ssm_states.stride(),
+        *out.stride(), D_STATE=d_state, HAS_DT_BIAS=dt_bias is not None, HAS_Z=z is not None, BLOCK_D=block_d,
+        BLOCK_N=triton.next_power_of_2(d_state),
+    )  # fmt: skip
+    return out
+
+
+def _or(t: Tensor | None, placeholder: Tensor) -> Tensor:
+    """An optional tensor, or a placeholder pointer the kernel does not read (its HAS_ flag is off)."""
+    return t if t is not None else placeholder
+
+
 def _check_mamba1_args(
     x: Tensor,
     dt: Tensor,
@@ -199,3 +270,91 @@ class _SubChunks:
     def scatter(self, t: Tensor) -> Tensor:
         """(L, K, ...) -> (T, ...): chunk-major order over the valid positions is the packed token order."""
         return t.transpose(0, 1)[self.valid.T]
+
+
+@triton.jit
+def _mamba1_step(state, a, x_t, dt_t, b, c, d, z_t, HAS_Z: tl.constexpr):
+    """One recurrence step for a (BLOCK_D, N) state tile; returns the new state and y (BLOCK_D,)."""
+    state = state * tl.exp(dt_t[:, None] * a) + (dt_t * x_t)[:, None] * b[None, :]
+    y = tl.sum(state * c[None, :], 1) + d * x_t
+    if HAS_Z:
+        y = y * z_t * tl.sigmoid(z_t)
+    return state, y
+
+
+@triton.jit
+def _selective_scan_kernel(
+    x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, has_initial_state, query_start_loc, out, d_inner,
+    stride_x_t, stride_x_d, stride_dt_t, stride_dt_d, stride_a_d, stride_a_n, stride_b_t, stride_b_n,
+    stride_c_t, stride_c_n, stride_z_t, stride_z_d, stride_s_slot, stride_s_d, stride_s_n, stride_o_t, stride_o_d,
+    D_STATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    d_block, seq = tl.program_id(0), tl.program_id(1)
+    d = d_block * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < d_inner
+    n = tl.arange(0, BLOCK_N)
+    n_ok = n < D_STATE
+    tile_ok = d_ok[:, None] & n_ok[None, :]
+    a = tl.load(A + d[:, None] * stride_a_d + n[None, :] * stride_a_n, mask=tile_ok, other=0.0)
+    bias = tl.zeros([BLOCK_D], tl.float32)
+    if HAS_DT_BIAS:
+        bias = tl.load(dt_bias + d, mask=d_ok, other=0.0).to(tl.float32)
+    d_skip = tl.load(D + d, mask=d_ok, other=0.0).to(tl.float32)
+    slot = tl.load(state_indices + seq).to(tl.int64)
+    pool = ssm_states + slot * stride_s_slot + d[:, None] * stride_s_d + n[None, :] * stride_s_n
+    state = tl.zeros([BLOCK_D, BLOCK_N], tl.float32)
+    # A fresh or padded sequence starts from zeros, never from its slot's bytes.
+    if (tl.load(has_initial_state + seq) != 0) & (slot >= 0):
+        state = tl.load(pool, mask=tile_ok, other=0.0).to(tl.float32)
+    z_t = tl.zeros([BLOCK_D], tl.float32)
+    seq_start = tl.load(query_start_loc + seq)
+    for i in range(0, tl.load(query_start_loc + seq + 1) - seq_start):
+        t64 = seq_start.to(tl.int64) + i
+        x_t = tl.load(x + t64 * stride_x_t + d * stride_x_d, mask=d_ok, other=0.0).to(tl.float32)
+        raw = tl.load(dt + t64 * stride_dt_t + d * stride_dt_d, mask=d_ok, other=0.0).to(tl.float32)
+        dt_t = tu.softplus(raw + bias)
+        b = tl.load(B + t64 * stride_b_t + n * stride_b_n, mask=n_ok, other=0.0).to(tl.float32)
+        c = tl.load(C + t64 * stride_c_t + n * stride_c_n, mask=n_ok, other=0.0).to(tl.float32)
+        if HAS_Z:
+            z_t = tl.load(z + t64 * stride_z_t + d * stride_z_d, mask=d_ok, other=0.0).to(tl.float32)
+        state, y = _mamba1_step(state, a, x_t, dt_t, b, c, d_skip, z_t, HAS_Z)
+        tl.store(out + t64 * stride_o_t + d * stride_o_d, y, mask=d_ok)
+    if slot >= 0:  # this program alone read this part of the slot, above
+        tl.store(pool, state, mask=tile_ok)
+
+
+@triton.jit
+def _selective_state_update_mamba1_kernel(
+    x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out, d_inner, stride_x_s, stride_x_d,
+    stride_dt_s, stride_dt_d, stride_a_d, stride_a_n, stride_b_s, stride_b_n, stride_c_s, stride_c_n,
+    stride_z_s, stride_z_d, stride_s_slot, stride_s_d, stride_s_n, stride_o_s, stride_o_d,
+    D_STATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    d_block, seq = tl.program_id(0), tl.program_id(1)
+    d = d_block * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < d_inner
+    slot = tl.load(state_indices + seq).to(tl.int64)
+    if slot < 0:  # padding: no state read or write, output zero
+        tl.store(out + seq * stride_o_s + d * stride_o_d, tl.zeros([BLOCK_D], tl.float32), mask=d_ok)
+        return
+    n = tl.arange(0, BLOCK_N)
+    n_ok = n < D_STATE
+    tile_ok = d_ok[:, None] & n_ok[None, :]
+    a = tl.load(A + d[:, None] * stride_a_d + n[None, :] * stride_a_n, mask=tile_ok, other=0.0)
+    raw = tl.load(dt + seq * stride_dt_s + d * stride_dt_d, mask=d_ok, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        raw += tl.load(dt_bias + d, mask=d_ok, other=0.0).to(tl.float32)
+    x_t = tl.load(x + seq * stride_x_s + d * stride_x_d, mask=d_ok, other=0.0).to(tl.float32)
+    b = tl.load(B + seq * stride_b_s + n * stride_b_n, mask=n_ok, other=0.0).to(tl.float32)
+    c = tl.load(C + seq * stride_c_s + n * stride_c_n, mask=n_ok, other=0.0).to(tl.float32)
+    z_t = tl.zeros([BLOCK_D], tl.float32)
+    if HAS_Z:
+        z_t = tl.load(z + seq * stride_z_s + d * stride_z_d, mask=d_ok, other=0.0).to(tl.float32)
+    pool = ssm_states + slot * stride_s_slot + d[:, None] * stride_s_d + n[None, :] * stride_s_n
+    state = tl.load(pool, mask=tile_ok, other=0.0).to(tl.float32)
+    d_skip = tl.load(D + d, mask=d_ok, other=0.0).to(tl.float32)
+    state, y = _mamba1_step(state, a, x_t, tu.softplus(raw), b, c, d_skip, z_t, HAS_Z)
+    tl.store(pool, state, mask=tile_ok)
+    tl.store(out + seq * stride_o_s + d * stride_o_d, y, mask=d_ok)

@@ -10,8 +10,11 @@ Math is float32; y uses the float32 state, which is then stored in the pool's dt
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
+from runtime.kernels import _triton_utils as tu
 from runtime.kernels.common import time_step
 
 
@@ -36,13 +39,9 @@ def selective_state_update_ref(
     state = state * exp(dt' A) + dt' x (x) B; y = state . C + D x. In place on ssm_states.
     Writes out and returns it.
     """
-    num_seqs, num_heads, head_dim = x.shape
-    num_groups, d_state = B.shape[1:]
-    assert num_heads % num_groups == 0 and A.shape == (num_heads,) and A.dtype == torch.float32
-    assert dt.shape == (num_seqs, num_heads) and B.shape == C.shape == (num_seqs, num_groups, d_state)
-    assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and out.shape == x.shape
-    assert state_indices.shape == (num_seqs,)
-
+    _check_args(ssm_states, x, dt, A, B, C, state_indices, out)
+    num_heads = x.shape[1]
+    num_groups = B.shape[1]
     keep = state_indices >= 0
     slots = state_indices[keep]
     dt = time_step(dt[keep], dt_bias, dt_limit)  # (S', H)
@@ -60,3 +59,93 @@ def selective_state_update_ref(
     out[keep] = y.to(out.dtype)
     out[~keep] = 0
     return out
+
+
+def selective_state_update_triton(
+    ssm_states: Tensor,
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor,
+    dt_bias: Tensor,
+    dt_limit: tuple[float, float],
+    state_indices: Tensor,
+    out: Tensor,
+) -> Tensor:
+    """selective_state_update_ref as one Triton kernel (same shapes); each program holds a
+    (BLOCK_P, N) tile of one head's state of one sequence in registers."""
+    _check_args(ssm_states, x, dt, A, B, C, state_indices, out)
+    num_seqs, num_heads, head_dim = x.shape
+    num_groups, d_state = B.shape[1:]
+    d = tu.per_channel(D, num_heads, head_dim)
+    block_p, num_warps = _tile_rows(d_state, head_dim)
+    grid = (triton.cdiv(head_dim, block_p), num_seqs, num_heads)
+    _selective_state_update_kernel[grid](
+        ssm_states, x, dt, A, B, C, d, dt_bias, state_indices, out, float(dt_limit[0]), float(dt_limit[1]),
+        *ssm_states.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *d.stride(), *out.stride(),
+        HEAD_DIM=head_dim, D_STATE=d_state, HEADS_PER_GROUP=num_heads // num_groups, BLOCK_P=block_p,
+        BLOCK_N=triton.next_power_of_2(d_state), num_warps=num_warps,
+    )  # fmt: skip
+    return out
+
+
+def _check_args(
+    ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state_indices: Tensor, out: Tensor
+) -> None:
+    num_seqs, num_heads, head_dim = x.shape
+    num_groups, d_state = B.shape[1:]
+    assert num_heads % num_groups == 0 and A.shape == (num_heads,) and A.dtype == torch.float32
+    assert dt.shape == (num_seqs, num_heads) and B.shape == C.shape == (num_seqs, num_groups, d_state)
+    assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and out.shape == x.shape
+    assert state_indices.shape == (num_seqs,)
+
+
+def _tile_rows(d_state: int, head_dim: int) -> tuple[int, int]:
+    """Rows of P per program and warps (mamba_ssm's hand-picked table: the state tile stays in registers).
+    No autotuning: the kernel updates the state in place, and autotuning would rerun it."""
+    rows, warps = next(((r, w) for limit, r, w in _SSU_TILES if d_state <= limit), (4, 8))
+    return min(rows, triton.next_power_of_2(head_dim)), warps
+
+
+_SSU_TILES = ((16, 32, 4), (32, 16, 4), (64, 8, 4), (128, 4, 4))
+
+
+@triton.jit
+def _selective_state_update_kernel(
+    ssm_states, x, dt, A, B, C, D, dt_bias, state_indices, out, dt_min, dt_max,
+    stride_s_slot, stride_s_head, stride_s_p, stride_s_n, stride_x_seq, stride_x_head, stride_x_p,
+    stride_dt_seq, stride_dt_head, stride_b_seq, stride_b_group, stride_b_n, stride_c_seq, stride_c_group,
+    stride_c_n, stride_d_head, stride_d_p, stride_o_seq, stride_o_head, stride_o_p,
+    HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, HEADS_PER_GROUP: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    p_block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    p = p_block * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = p < HEAD_DIM
+    out_ptrs = out + seq * stride_o_seq + head * stride_o_head + p * stride_o_p
+    slot = tl.load(state_indices + seq).to(tl.int64)
+    if slot < 0:  # padding: no state read or write, output zero
+        tl.store(out_ptrs, tl.zeros([BLOCK_P], tl.float32), mask=p_ok)
+        return
+    n = tl.arange(0, BLOCK_N)
+    n_ok = n < D_STATE
+    group = head // HEADS_PER_GROUP
+    dt_h = tu.time_step(tl.load(dt + seq * stride_dt_seq + head * stride_dt_head).to(tl.float32),
+                        tl.load(dt_bias + head).to(tl.float32), dt_min, dt_max)
+    decay = tl.exp(dt_h * tl.load(A + head))
+    x_p = tl.load(x + seq * stride_x_seq + head * stride_x_head + p * stride_x_p, mask=p_ok).to(tl.float32)
+    b = tl.load(B + seq * stride_b_seq + group * stride_b_group + n * stride_b_n, mask=n_ok).to(tl.float32)
+    c = tl.load(C + seq * stride_c_seq + group * stride_c_group + n * stride_c_n, mask=n_ok).to(tl.float32)
+
+    state_ptrs = (ssm_states + slot * stride_s_slot + head * stride_s_head + p[:, None] * stride_s_p
+                  + n[None, :] * stride_s_n)
+    state_mask = p_ok[:, None] & n_ok[None, :]
+    state = tl.load(state_ptrs, mask=state_mask, other=0.0).to(tl.float32)
+    state = state * decay + (dt_h * x_p)[:, None] * b[None, :]
+    tl.store(state_ptrs, state, mask=state_mask)
+    # y from the float32 state, before it is rounded to the pool's dtype (as the reference).
+    d = tl.load(D + head * stride_d_head + p * stride_d_p, mask=p_ok).to(tl.float32)
+    y = tl.sum(state * c[None, :], 1) + d * x_p
+    tl.store(out_ptrs, y, mask=p_ok)
