@@ -50,6 +50,12 @@ CONFIGS = {
     "falcon_h1_rms_norm": ("FalconH1Config", "FalconH1ForCausalLM", dict(
         COMMON, **ATTENTION, **dict(MAMBA2_HYBRID, mamba_n_heads=6), num_hidden_layers=2, mamba_d_ssm=96,
         mamba_rms_norm=True, mamba_norm_before_gate=False, ssm_multipliers=[0.8, 1.2, 0.9, 1.1, 0.7])),
+    # Every block type; routing limited to the best of two expert groups, with scaled weights.
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        COMMON, **ATTENTION, hybrid_override_pattern="M*-ME", head_dim=16, mamba_num_heads=8, mamba_head_dim=16,
+        n_groups=2, ssm_state_size=16, chunk_size=16, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
+        routed_scaling_factor=1.5)),
 }
 
 
