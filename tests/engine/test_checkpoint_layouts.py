@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime import LLM, SamplingParams
+from runtime.loader import CheckpointError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPT = "The page pool holds attention blocks"
@@ -43,3 +44,27 @@ def test_nemotron_h_loads_transformers_in_memory_names_and_skips_mtp_layers(nemo
 
     rewrite(nemotron, respell)
     assert tokens(nemotron) == expected
+
+
+@pytest.fixture
+def zamba2(tmp_path, tiny_checkpoint):
+    return copy_of(tmp_path, tiny_checkpoint, "zamba2")
+
+
+def test_zamba2_loads_a_shared_block_repeated_under_every_hybrid_layer(zamba2):
+    expected = tokens(zamba2)
+
+    def repeat(tensors):
+        # Hybrid layers 1 and 4 apply block 0, layer 3 applies block 1; save_pretrained wrote 1 and 3 only.
+        block0 = {n: t for n, t in tensors.items() if n.startswith("model.layers.1.shared_transformer.")}
+        tensors.update({n.replace("layers.1.", "layers.4.", 1): t.clone() for n, t in block0.items()})
+        return tensors
+
+    rewrite(zamba2, repeat)
+    assert tokens(zamba2) == expected
+
+
+def test_zamba2_without_its_shared_block_names_the_missing_tensors(zamba2):
+    rewrite(zamba2, lambda t: {n: v for n, v in t.items() if ".layers.3.shared_transformer." not in n})
+    with pytest.raises(CheckpointError, match="missing from the checkpoint: model.layers.3.shared_transformer"):
+        LLM(zamba2)

@@ -21,8 +21,8 @@ PROMPTS = [
 ]
 NEW_TOKENS = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-MODELS = ["llama", "granite", "mamba2", "bamba", "falcon_h1", "falcon_h1_rms_norm", "nemotron_h"]
-BF16_MODELS = ["falcon_h1", "nemotron_h"]
+MODELS = ["llama", "granite", "mamba2", "bamba", "falcon_h1", "falcon_h1_rms_norm", "nemotron_h", "zamba2"]
+BF16_MODELS = ["falcon_h1", "nemotron_h", "zamba2"]
 
 
 def prompt_ids(llm):
