@@ -43,10 +43,10 @@ CONFIGS = {
     # mamba_d_ssm (96) differs from expand x hidden (128); every muP multiplier is off its default.
     # Four KV heads make 16-token attention pages, so that decoding runs the preemption test's pool dry.
     "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", dict(
-        COMMON, **dict(ATTENTION, num_key_value_heads=4), **dict(MAMBA2_HYBRID, mamba_n_heads=6), num_hidden_layers=2, mamba_d_ssm=96,
-        embedding_multiplier=1.5, lm_head_multiplier=0.8, mlp_multipliers=[0.9, 1.2], key_multiplier=0.7,
-        attention_in_multiplier=1.1, attention_out_multiplier=0.9, ssm_multipliers=[0.8, 1.2, 0.9, 1.1, 0.7],
-        ssm_in_multiplier=1.3, ssm_out_multiplier=0.8)),
+        COMMON, **dict(ATTENTION, num_key_value_heads=4), **dict(MAMBA2_HYBRID, mamba_n_heads=6), num_hidden_layers=2,
+        mamba_d_ssm=96, embedding_multiplier=1.5, lm_head_multiplier=0.8, mlp_multipliers=[0.9, 1.2],
+        key_multiplier=0.7, attention_in_multiplier=1.1, attention_out_multiplier=0.9,
+        ssm_multipliers=[0.8, 1.2, 0.9, 1.1, 0.7], ssm_in_multiplier=1.3, ssm_out_multiplier=0.8)),
     "falcon_h1_rms_norm": ("FalconH1Config", "FalconH1ForCausalLM", dict(
         COMMON, **ATTENTION, **dict(MAMBA2_HYBRID, mamba_n_heads=6), num_hidden_layers=2, mamba_d_ssm=96,
         mamba_rms_norm=True, mamba_norm_before_gate=False, ssm_multipliers=[0.8, 1.2, 0.9, 1.1, 0.7])),

@@ -63,7 +63,7 @@ def falcon_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
             f"Falcon-H1 with hidden_act={config.hidden_act!r}: the Mamba convolution applies hidden_act, and "
             "the engine's conv kernels implement silu only; use a checkpoint with hidden_act='silu'"
         )
-    d_inner = config.mamba_d_ssm or int(config.mamba_expand * config.hidden_size)
+    d_inner = int(config.mamba_expand * config.hidden_size) if config.mamba_d_ssm is None else config.mamba_d_ssm
     if config.mamba_rms_norm:
         norm = FalconGatedRMSNorm(d_inner, config.mamba_n_groups, config.rms_norm_eps, config.mamba_norm_before_gate)
     else:

@@ -12,6 +12,7 @@ save_pretrained writes the block, once.
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 import torch
 from torch import nn
@@ -32,7 +33,8 @@ def low_rank(in_features: int, rank: int, out_features: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_features, rank, bias=False), nn.Linear(rank, out_features, bias=False))
 
 
-def adapter_list(block_id: int, num_blocks: int, num_applications: int, make) -> nn.ModuleList:
+def adapter_list(block_id: int, num_blocks: int, num_applications: int,
+                 make: Callable[[], nn.Module]) -> nn.ModuleList:
     """Adapters for the applications this block serves; placeholders keep HF's indices for the others."""
     return nn.ModuleList(make() if i % num_blocks == block_id else nn.Identity() for i in range(num_applications))
 
@@ -157,7 +159,8 @@ class Zamba2HybridLayer(nn.Module):
         self.mamba_decoder = Zamba2MambaLayer(config, layer_idx)
         self.application = application
         attention = shared.self_attn
-        # This application's KV cache; the weights that fill it are shared.
+        # This application's KV cache; the weights that fill it are shared. HF scales scores by
+        # (head_dim / 2)^-1/2: the heads span [hidden, embedding], twice the width the scale assumes.
         self.attn = PagedAttention(layer_idx, attention.num_heads, attention.num_kv_heads, attention.head_dim,
                                    (attention.head_dim / 2) ** -0.5)
 
