@@ -57,6 +57,30 @@ CONFIGS = {
         expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=16, mamba_dt_rank=8)),
     "mamba": ("MambaConfig", "MambaForCausalLM", dict(
         COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, tie_word_embeddings=True)),
+    # mamba_d_ssm (96) differs from expand x hidden (128); every muP multiplier is off its default.
+    # Four KV heads make 16-token attention pages, so that decoding runs the preemption test's pool dry.
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", dict(
+        COMMON, **dict(ATTENTION, num_key_value_heads=4), **dict(MAMBA2_HYBRID, mamba_n_heads=6), num_hidden_layers=2,
+        mamba_d_ssm=96, embedding_multiplier=1.5, lm_head_multiplier=0.8, mlp_multipliers=[0.9, 1.2],
+        key_multiplier=0.7, attention_in_multiplier=1.1, attention_out_multiplier=0.9,
+        ssm_multipliers=[0.8, 1.2, 0.9, 1.1, 0.7], ssm_in_multiplier=1.3, ssm_out_multiplier=0.8)),
+    "falcon_h1_rms_norm": ("FalconH1Config", "FalconH1ForCausalLM", dict(
+        COMMON, **ATTENTION, **dict(MAMBA2_HYBRID, mamba_n_heads=6), num_hidden_layers=2, mamba_d_ssm=96,
+        mamba_rms_norm=True, mamba_norm_before_gate=False, ssm_multipliers=[0.8, 1.2, 0.9, 1.1, 0.7])),
+    # Every block type; routing limited to the best of two expert groups, with scaled weights.
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        COMMON, **ATTENTION, hybrid_override_pattern="M*-ME", head_dim=16, mamba_num_heads=8, mamba_head_dim=16,
+        n_groups=2, ssm_state_size=16, chunk_size=16, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
+        routed_scaling_factor=1.5)),
+    # Three applications of two shared blocks (the third reuses the first), with adapters and RoPE.
+    # At initializer_range 0.3 the shared attention amplifies float32 rounding until HF's own float32
+    # and float64 logits differ by 6e-3; at 0.15 they differ by 3e-5 and the tokens stay diverse.
+    "zamba2": ("Zamba2Config", "Zamba2ForCausalLM", dict(
+        COMMON, **dict(ATTENTION, num_key_value_heads=4), initializer_range=0.15, tie_word_embeddings=True,
+        num_hidden_layers=5, layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid"], num_mem_blocks=2,
+        use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True, n_mamba_heads=8, mamba_ngroups=2,
+        mamba_d_state=16, chunk_size=16)),
 }
 
 

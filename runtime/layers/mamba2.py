@@ -3,6 +3,9 @@
 Decodes come first in the packed batch (one token each, state update by page id);
 prefill chunks follow (varlen conv and chunked scan, starting from the cached state
 when a prompt is resumed).
+
+The options after `dt_limit` default to Bamba's mixer; Falcon-H1, Nemotron-H and Zamba2 set
+them to reproduce their own HF mixers.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ class Mamba2Mixer(nn.Module):
         proj_bias: bool,
         eps: float,
         dt_limit: tuple[float, float],
+        decode_dt_limit: tuple[float, float] | None = None,
+        out_proj_bias: bool | None = None,
+        in_proj_multipliers: torch.Tensor | None = None,
+        norm: nn.Module | None = None,
     ):
         super().__init__()
         self.layer_idx = layer_idx
@@ -38,14 +45,21 @@ class Mamba2Mixer(nn.Module):
         self.n_groups, self.d_state, self.d_conv = n_groups, d_state, d_conv
         self.conv_dim = d_inner + 2 * n_groups * d_state
         self.dt_limit = (float(dt_limit[0]), float(dt_limit[1]))
+        # HF's chunked scan clamps dt to the limit but its decode step never does; models whose limit
+        # is not (0, inf) pass (0, inf) here to decode exactly as HF does.
+        self.decode_dt_limit = self.dt_limit if decode_dt_limit is None else tuple(map(float, decode_dt_limit))
         self.in_proj = nn.Linear(hidden_size, d_inner + self.conv_dim + num_heads, bias=proj_bias)
         # Holds the depthwise weights under HF's name; the kernels apply them.
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, bias=conv_bias)
         self.dt_bias = nn.Parameter(torch.ones(num_heads))
         self.A_log = nn.Parameter(torch.zeros(num_heads))
         self.D = nn.Parameter(torch.ones(num_heads))
-        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // n_groups, eps=eps)
-        self.out_proj = nn.Linear(d_inner, hidden_size, bias=proj_bias)
+        # norm(y, z) gates and normalises the scan output; any module with that signature fits.
+        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // n_groups, eps=eps) if norm is None else norm
+        self.out_proj = nn.Linear(d_inner, hidden_size, bias=proj_bias if out_proj_bias is None else out_proj_bias)
+        # Falcon-H1's muP vector: one multiplier per in_proj output channel, derived from the config.
+        assert in_proj_multipliers is None or in_proj_multipliers.shape == (self.in_proj.out_features,)
+        self.register_buffer("in_proj_multipliers", in_proj_multipliers, persistent=False)
         self.group = -1  # state group, set when the pool is bound
         self.conv_states: torch.Tensor | None = None  # (num_pages, d_conv - 1, conv_dim) view
         self.ssm_states: torch.Tensor | None = None  # (num_pages, num_heads, head_dim, d_state) view
@@ -58,7 +72,10 @@ class Mamba2Mixer(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (T, hidden_size) -> (T, hidden_size)."""
-        z, xbc, dt = self.in_proj(hidden).split([self.d_inner, self.conv_dim, self.num_heads], dim=-1)
+        projected = self.in_proj(hidden)
+        if self.in_proj_multipliers is not None:
+            projected = projected * self.in_proj_multipliers
+        z, xbc, dt = projected.split([self.d_inner, self.conv_dim, self.num_heads], dim=-1)
         xbc = self._conv(xbc)
         x, B, C = xbc.split([self.d_inner, self.n_groups * self.d_state, self.n_groups * self.d_state], dim=-1)
         y = self._ssm(
@@ -90,7 +107,7 @@ class Mamba2Mixer(nn.Module):
         y = torch.empty_like(x)
         if nd:
             kernels.selective_state_update(
-                self.ssm_states, x[:nd], dt[:nd], A, B[:nd], C[:nd], self.D, self.dt_bias, self.dt_limit,
+                self.ssm_states, x[:nd], dt[:nd], A, B[:nd], C[:nd], self.D, self.dt_bias, self.decode_dt_limit,
                 ctx.decode_state_indices[self.group], y[:nd],
             )
         if ctx.num_prefill_tokens:

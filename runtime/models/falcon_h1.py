@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from runtime.hf_config import HFConfig
 from runtime.models.bamba import MAMBA2_HYBRID_DEFAULTS, BambaForCausalLM
-from runtime.models.common import capabilities
-from runtime.models.interface import LayerKind
+from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.interface import LayerKind, supported
 
 
 class FalconH1ForCausalLM(BambaForCausalLM):
@@ -13,8 +13,8 @@ class FalconH1ForCausalLM(BambaForCausalLM):
     model_name = "Falcon-H1"
     example_models = ("tiiuae/Falcon-H1-0.5B-Instruct", "tiiuae/Falcon-H1-7B-Instruct")
     layer_kinds = frozenset({LayerKind.PARALLEL})
-    capabilities = capabilities()
-    implementation = None
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.falcon_h1:FalconH1ForCausalLM"
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "mamba_d_ssm": 1024}
 
     @classmethod

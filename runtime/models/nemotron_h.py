@@ -3,9 +3,9 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.common import capabilities
+from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.granitemoehybrid import layers_from_types
-from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration
+from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import attention_shape, mamba2_state_shape
 
 LAYER_TYPES = {
@@ -26,7 +26,8 @@ class NemotronHForCausalLM(ModelDeclaration):
     model_name = "Nemotron-H"
     example_models = ("nvidia/Nemotron-H-8B-Base-8K", "nvidia/Nemotron-H-56B-Base-8K")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA2, LayerKind.MLP})
-    capabilities = capabilities()
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.nemotron_h:NemotronHForCausalLM"
     defaults = {
         "hidden_size": 4096,
         "num_attention_heads": 32,

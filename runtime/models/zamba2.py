@@ -3,9 +3,9 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.common import capabilities
+from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.granitemoehybrid import layers_from_types
-from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration
+from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import attention_shape, mamba2_state_shape
 
 LAYER_TYPES = {
@@ -28,7 +28,8 @@ class Zamba2ForCausalLM(ModelDeclaration):
     model_name = "Zamba2"
     example_models = ("Zyphra/Zamba2-1.2B", "Zyphra/Zamba2-2.7B-Instruct-v2")
     layer_kinds = frozenset({LayerKind.MAMBA2, LayerKind.HYBRID})
-    capabilities = capabilities()
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    implementation = "runtime.modeling.zamba2:Zamba2ForCausalLM"
     defaults = {
         "hidden_size": 2560,
         "num_hidden_layers": 54,

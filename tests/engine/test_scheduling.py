@@ -14,7 +14,9 @@ PROMPTS = [
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=["llama", "mamba2", "bamba", "granitemoehybrid", "jamba", "mamba"])
+@pytest.fixture(scope="module", params=[
+    "llama", "mamba2", "bamba", "granitemoehybrid", "jamba", "mamba", "falcon_h1", "nemotron_h", "zamba2",
+])
 def checkpoint(request, tiny_checkpoint):
     return tiny_checkpoint(request.param)[0]
 
