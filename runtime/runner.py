@@ -12,6 +12,7 @@ from runtime.cache.layout import CacheLayout
 from runtime.cache.pool import allocate_pool, bind_pool, default_cache_bytes
 from runtime.config import EngineConfig
 from runtime.context import ForwardContext, forward_context
+from runtime.layers.linear import pack_linears
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
 from runtime.loader import build_model
 from runtime.scheduler import Batch
@@ -43,9 +44,11 @@ class ModelRunner:
         self.layout: CacheLayout = config.cache
         self.device = resolve_device(config.device)
         # Once per engine, before any kernel runs: no kernel call checks its device.
-        self.kernel_backend = kernels.bind(kernels.resolve_backend(config.kernel_backend, self.device))
+        self.kernel_backend = kernels.bind(kernels.resolve_backend(config.kernel_backend, self.device), self.device)
         logger.info("kernel backend: %s on %s", self.kernel_backend, self.device)
         self.model = build_model(config, self.device)
+        if self.device.type == "cpu" and self.kernel_backend == "torch":
+            pack_linears(self.model)
         self.num_pages = self._num_pages()
         self.pool = allocate_pool(self.layout, self.num_pages, self.device)
         bind_pool(self.model, self.pool, self.layout)

@@ -21,6 +21,7 @@ import torch
 
 from runtime.config import KERNEL_BACKENDS
 from runtime.hf_config import ConfigError
+from runtime.kernels import cpu_compile
 from runtime.kernels._triton_utils import interpreting, kernels_are_interpreted
 from runtime.kernels.causal_conv1d import (
     causal_conv1d_fn_ref,
@@ -94,10 +95,14 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     return choice
 
 
-def bind(name: str) -> str:
-    """Point every op at its `name` ("torch" or "triton") implementation; returns name."""
+def bind(name: str, device: torch.device) -> str:
+    """Point every op at its `name` ("torch" or "triton") implementation; returns name.
+
+    The references' fused cores run through torch.compile on a CPU (see cpu_compile.py).
+    """
     global backend, _bound
     assert name in ("torch", "triton"), name
+    cpu_compile.enable(name == "torch" and device.type == "cpu")
     if _bound and name != backend:
         logger.warning("kernel backend: %s (was %s); engines built earlier in this process now use it too",
                        name, backend)

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from runtime.kernels import _triton_utils as tu
 from runtime.kernels.common import gather_initial_states, pass_states, scatter_states, time_step
+from runtime.kernels.cpu_compile import fused
 from runtime.kernels.metadata import MambaPrefillMetadata
 
 # Most elements of the (chunks, H, L, L) intra-chunk decay matrices held at once: 64 MiB of float32.
@@ -174,16 +175,7 @@ class _ChunkedInputs:
         return y, states
 
     def _intra_chunk(self, part: slice) -> tuple[Tensor, Tensor]:
-        xdt, B, C = self.xdt[part], self.B[part], self.C[part]
-        decay = _segsum_exp(self.adt[part])  # (k, H, L, L)
-        # The last row is exp(a_{j+1} + ... + a_{L-1}): each position's decay to the chunk's end.
-        decay_to_end = decay[..., -1, :].clone()  # (k, H, L)
-        scores = C @ B.transpose(-1, -2)  # (k, G, L, L): C_i . B_j
-        masked = self.heads_by_group(decay).mul_(scores[:, :, None]).flatten(1, 2)
-        y = masked @ xdt
-        weighted = self.heads_by_group((xdt * decay_to_end[..., None]).transpose(-1, -2))  # (k, G, R, P, L)
-        states = weighted @ B[:, :, None]  # (k, G, R, P, N)
-        return y, states.flatten(1, 2)
+        return _intra_chunk(self.xdt[part], self.adt[part], self.B[part], self.C[part])
 
     def chunk_decay(self) -> Tensor:
         """(K, H): exp of A dt' summed over each whole chunk."""
@@ -194,6 +186,21 @@ class _ChunkedInputs:
         start = self.heads_by_group(start_states).transpose(-1, -2)  # (K, G, R, N, P)
         y = (self.C[:, :, None] @ start).flatten(1, 2)  # (K, H, L, P)
         return y.mul_(torch.exp(self.acs)[..., None])
+
+
+@fused
+def _intra_chunk(xdt: Tensor, adt: Tensor, B: Tensor, C: Tensor) -> tuple[Tensor, Tensor]:
+    """Y_diag (k, H, L, P) and S_c (k, H, P, N) of k chunks; xdt (k, H, L, P), adt (k, H, L), B, C (k, G, L, N)."""
+    num_groups = B.shape[1]
+    decay = _segsum_exp(adt)  # (k, H, L, L)
+    # The last row is exp(a_{j+1} + ... + a_{L-1}): each position's decay to the chunk's end.
+    decay_to_end = decay[..., -1, :]  # (k, H, L)
+    scores = C @ B.transpose(-1, -2)  # (k, G, L, L): C_i . B_j
+    masked = (decay.unflatten(1, (num_groups, -1)) * scores[:, :, None]).flatten(1, 2)
+    y = masked @ xdt
+    weighted = (xdt * decay_to_end[..., None]).transpose(-1, -2).unflatten(1, (num_groups, -1))  # (k, G, R, P, L)
+    states = weighted @ B[:, :, None]  # (k, G, R, P, N)
+    return y, states.flatten(1, 2)
 
 
 def _segsum_exp(a: Tensor) -> Tensor:
@@ -207,7 +214,7 @@ def _segsum_exp(a: Tensor) -> Tensor:
     # Built transposed, sums_t[j, i] = a_{j+1} + ... + a_i, so that the cumsum runs along the
     # contiguous last dim (twice as fast on CPU as a cumsum over rows).
     sums_t = torch.where(upper.triu(1), a[..., None, :], 0.0).cumsum(-1)
-    return sums_t.exp_().masked_fill_(~upper, 0.0).transpose(-1, -2)
+    return torch.where(upper, sums_t.exp(), 0.0).transpose(-1, -2)
 
 
 class _Sizes:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from runtime.kernels import _triton_utils as tu
 from runtime.kernels.common import time_step
+from runtime.kernels.cpu_compile import fused
 
 
 def selective_state_update_ref(
@@ -40,25 +41,34 @@ def selective_state_update_ref(
     Writes out and returns it.
     """
     _check_args(ssm_states, x, dt, A, B, C, state_indices, out)
-    num_heads = x.shape[1]
-    num_groups = B.shape[1]
     keep = state_indices >= 0
-    slots = state_indices[keep]
-    dt = time_step(dt[keep], dt_bias, dt_limit)  # (S', H)
-    x_kept = x[keep].float()
-    # Heads are split as (G, H // G) so that B and C broadcast per group without being copied per head.
-    xdt = (x_kept * dt[..., None]).unflatten(1, (num_groups, -1))  # (S', G, R, P)
-    b = B[keep].float()[:, :, None, None, :]  # (S', G, 1, 1, N)
-    state = ssm_states[slots].float().mul_(torch.exp(dt * A)[..., None, None])
-    state = state.unflatten(1, (num_groups, -1)).addcmul_(xdt[..., None], b)  # (S', G, R, P, N)
-    ssm_states[slots] = state.flatten(1, 2).to(ssm_states.dtype)
-
-    c = C[keep].float()[:, :, None, :, None]  # (S', G, 1, N, 1)
-    y = (state @ c).flatten(1, 2).squeeze(-1)  # (S', H, P)
-    y += D.float().reshape(num_heads, -1) * x_kept
-    out[keep] = y.to(out.dtype)
-    out[~keep] = 0
+    if bool(keep.all()):
+        out.copy_(_update(ssm_states, state_indices, x, dt, A, B, C, D, dt_bias, dt_limit))
+        return out
+    out.zero_()
+    if bool(keep.any()):
+        out[keep] = _update(ssm_states, state_indices[keep], x[keep], dt[keep], A, B[keep], C[keep], D, dt_bias,
+                            dt_limit)
     return out
+
+
+@fused
+def _update(ssm_states, slots, x, dt, A, B, C, D, dt_bias, dt_limit):
+    """The step for sequences without padding, written as one expression so that a compiled CPU engine
+    reads and writes each state once."""
+    num_seqs, num_heads, head_dim = x.shape
+    num_groups, d_state = B.shape[1:]
+    dt = time_step(dt, dt_bias, dt_limit)  # (S, H)
+    # Heads are split as (G, H // G) so that B and C broadcast per group without being copied per head.
+    shape = (num_seqs, num_groups, num_heads // num_groups, head_dim, d_state)
+    decay = torch.exp(dt * A).view(num_seqs, num_groups, -1, 1, 1)
+    xdt = (x.float() * dt[..., None]).view(*shape[:-1], 1)
+    b = B.float().view(num_seqs, num_groups, 1, 1, d_state)
+    c = C.float().view(num_seqs, num_groups, 1, 1, d_state)
+    state = ssm_states[slots].float().view(shape) * decay + xdt * b
+    ssm_states[slots] = state.view(num_seqs, num_heads, head_dim, d_state).to(ssm_states.dtype)
+    y = (state * c).sum(-1).view(num_seqs, num_heads, head_dim)
+    return (y + D.float().reshape(num_heads, -1) * x.float()).to(x.dtype)
 
 
 def selective_state_update_triton(

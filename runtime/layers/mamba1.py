@@ -16,6 +16,19 @@ from runtime.context import get_forward_context
 from runtime.layers.norm import RMSNorm
 
 
+class DtProjection(nn.Module):
+    """dt_proj as HF stores it (weight and bias), applied without its bias: as in HF, the bias is added
+    in float32 inside the scan, where it arrives as dt_bias."""
+
+    def __init__(self, dt_rank: int, d_inner: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_inner, dt_rank))
+        self.bias = nn.Parameter(torch.empty(d_inner))
+
+    def forward(self, dt: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(dt, self.weight)
+
+
 class Mamba1Mixer(nn.Module):
     def __init__(
         self,
@@ -38,7 +51,7 @@ class Mamba1Mixer(nn.Module):
         # Holds the depthwise weights under HF's name; the kernels apply them.
         self.conv1d = nn.Conv1d(d_inner, d_inner, d_conv, groups=d_inner, bias=conv_bias)
         self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
-        self.dt_proj = nn.Linear(dt_rank, d_inner, bias=True)  # its bias is passed to the scan as dt_bias
+        self.dt_proj = DtProjection(dt_rank, d_inner)
         self.A_log = nn.Parameter(torch.zeros(d_inner, d_state))
         self.D = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, hidden_size, bias=proj_bias)
@@ -64,8 +77,7 @@ class Mamba1Mixer(nn.Module):
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         if self.has_dt_bc_norms:
             dt, B, C = self.dt_layernorm(dt), self.b_layernorm(B), self.c_layernorm(C)
-        # dt_proj without its bias, as HF computes it; the bias is added in float32 inside the scan.
-        dt = nn.functional.linear(dt, self.dt_proj.weight)
+        dt = self.dt_proj(dt)
         return self.out_proj(self._ssm(x, dt, B, C, z))
 
     def _conv(self, x: torch.Tensor) -> torch.Tensor:

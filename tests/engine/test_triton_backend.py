@@ -6,6 +6,7 @@ chunks, and share steps with decodes.
 """
 
 import pytest
+import torch
 
 from runtime import LLM, SamplingParams, kernels
 
@@ -21,7 +22,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 @pytest.fixture
 def restore_backend():
     yield
-    kernels.bind("torch")  # later tests build engines on CPU, whose references must not be left rebound
+    kernels.bind("torch", torch.device("cpu"))  # later tests build engines on CPU, whose references must not be left rebound
 
 
 def generate(directory, backend):

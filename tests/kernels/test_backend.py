@@ -46,11 +46,11 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
 
 def test_bind_rebinds_every_op():
     try:
-        assert kernels.bind("triton") == "triton"
+        assert kernels.bind("triton", torch.device("cpu")) == "triton"
         assert kernels.paged_attention is paged_attention_triton and kernels.backend == "triton"
         assert all(getattr(kernels, op) is impl[1] for op, impl in kernels.IMPLEMENTATIONS.items())
     finally:
-        kernels.bind("torch")
+        kernels.bind("torch", torch.device("cpu"))
     assert kernels.paged_attention is paged_attention_ref
     assert all(getattr(kernels, op) is impl[0] for op, impl in kernels.IMPLEMENTATIONS.items())
 

@@ -1,0 +1,54 @@
+"""torch.compile for the hot loops of the CPU references, switched on once when the kernels are bound.
+
+A reference op keeps its eager body for the tests and the oracle; a function decorated with
+`@fused` (its inner, mask-free core) runs through torch.compile's C++ backend on CPU engines,
+which fuses the gather, the update and the scatter of a state into one pass over memory.
+TANDEM_CPU_COMPILE=0 turns it off; a machine where compiling fails falls back to eager, with
+a warning, when the kernels are bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Callable, TypeVar
+
+import torch
+
+logger = logging.getLogger("tandem")
+ENV_VAR = "TANDEM_CPU_COMPILE"
+
+F = TypeVar("F", bound=Callable)
+_enabled = False
+
+
+def fused(fn: F) -> F:
+    compiled: list[Callable] = []
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not _enabled:
+            return fn(*args, **kwargs)
+        if not compiled:
+            compiled.append(torch.compile(fn, dynamic=True))
+        return compiled[0](*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def _can_compile() -> bool:
+    try:
+        probe = torch.compile(lambda x: (x * 2).sum(-1), dynamic=True)
+        return bool(probe(torch.ones(3, 4)).eq(8).all())
+    except Exception as err:  # noqa: BLE001 - any failure means: stay eager
+        logger.warning("torch.compile does not work here (%s); CPU kernels run eagerly", err)
+        return False
+
+
+def enable(requested: bool) -> bool:
+    """Compile the fused cores from now on, if requested, allowed by the environment, and working."""
+    global _enabled
+    allowed = os.environ.get(ENV_VAR, "1").strip() not in ("0", "false", "no")
+    _enabled = requested and allowed and _can_compile()
+    return _enabled
