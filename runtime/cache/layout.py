@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError
@@ -85,19 +86,19 @@ class CacheLayout:
         spec = self.attention or self.mamba
         return spec.page_size_bytes
 
-    @property
+    @cached_property
     def attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i, kind in enumerate(self.layers) if kind.has_attention)
 
-    @property
+    @cached_property
     def state_layers(self) -> tuple[int, ...]:
         return tuple(i for i, kind in enumerate(self.layers) if kind.has_state)
 
-    @property
+    @cached_property
     def num_attention_groups(self) -> int:
         return cdiv(len(self.attention_layers), self.group_size)
 
-    @property
+    @cached_property
     def num_state_groups(self) -> int:
         return cdiv(len(self.state_layers), self.group_size)
 
