@@ -8,7 +8,6 @@ all (mamba_ssm's native `d_model`/`n_layer` files); all of that is settled here.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -160,7 +159,3 @@ class HFConfig(Mapping[str, Any]):
     def dtype(self) -> str:
         name = self.first("dtype", "torch_dtype", default="float32")
         return canonical_dtype(name, "dtype in config.json") if name != "auto" else "float32"
-
-
-def is_finite(value: float) -> bool:
-    return not (math.isinf(value) or math.isnan(value))

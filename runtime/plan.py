@@ -30,7 +30,8 @@ def parse_size(text: str) -> int:
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that decide the cache layout, shared by plan, generate and serve."""
-    parser.add_argument("--dtype", default="auto", help="model dtype: auto (from config.json), float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="auto",
+                        help="model dtype: auto (from config.json), float32, bfloat16, float16")
     parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--block-size", type=int, default=None, help="attention tokens per page (default: automatic)")
     parser.add_argument("--enable-prefix-caching", action="store_true", help="align blocks to the Mamba chunk size")

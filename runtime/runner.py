@@ -12,8 +12,8 @@ from runtime.cache.layout import CacheLayout
 from runtime.cache.pool import allocate_pool, bind_pool, default_cache_bytes
 from runtime.config import EngineConfig
 from runtime.context import ForwardContext, forward_context
-from runtime.layers.linear import pack_linears
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
+from runtime.layers.linear import pack_linears
 from runtime.loader import build_model
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence

@@ -16,7 +16,6 @@ from runtime.config import EngineConfig
 from runtime.plan import add_engine_arguments, parse_size
 
 
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     parser.add_argument("model", help="a model directory")

@@ -6,6 +6,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # The tiny test models gain nothing from intra-op threads, and on a shared CPU every parallel
 # op waits for a descheduled thread: the engine suite ran 4x slower with two threads than with one.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Engines in tests run the references eagerly: compiling them for every dtype and shape the
+# suite meets would double its time. tests/kernels/test_cpu_compile.py checks the compiled path.
+os.environ.setdefault("TANDEM_CPU_COMPILE", "0")
 
 import pytest  # noqa: E402
 

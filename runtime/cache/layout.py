@@ -55,7 +55,9 @@ def resolve_block_size(
     if user_block_size is None:
         return max(smallest, DEFAULT_BLOCK_SIZE) if mamba_page is None else smallest
     if user_block_size < smallest or user_block_size % unit:
-        why = f"a multiple of {unit}" + (" (lcm of the Mamba chunk size and the attention alignment)" if unit != alignment else "")
+        why = f"a multiple of {unit}"
+        if unit != alignment:
+            why += " (lcm of the Mamba chunk size and the attention alignment)"
         what = f"at least {smallest} tokens and {why}" if mamba_page is not None else why
         raise ConfigError(
             f"block_size={user_block_size} is invalid: it must be {what}; "

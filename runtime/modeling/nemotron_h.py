@@ -16,7 +16,7 @@ from runtime.layers.attention import PagedAttention
 from runtime.layers.mamba2 import Mamba2Mixer
 from runtime.layers.nemotron_moe import NemotronMoE, UpDownMLP
 from runtime.layers.norm import RMSNorm
-from runtime.modeling.base import CausalLM
+from runtime.modeling.backbone import BackboneForCausalLM, MixerBlock
 
 # transformers' legacy names, which 4.x configs and hybrid_override_pattern use.
 BLOCK_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
@@ -108,43 +108,12 @@ def block_mixer(config: PretrainedConfig, block_type: str, layer_idx: int) -> nn
     )
 
 
-class NemotronHBlock(nn.Module):
-    def __init__(self, config: PretrainedConfig, block_type: str, layer_idx: int):
-        super().__init__()
-        self.norm = NemotronRMSNorm(config.hidden_size, config.layer_norm_epsilon)
-        self.mixer = block_mixer(config, block_type, layer_idx)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden + self.mixer(self.norm(hidden))
-
-
-class NemotronHModel(nn.Module):
+class NemotronHForCausalLM(BackboneForCausalLM):
     def __init__(self, config: PretrainedConfig):
-        super().__init__()
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            NemotronHBlock(config, block_type, i) for i, block_type in enumerate(config.layers_block_type)
-        )
-        self.norm_f = NemotronRMSNorm(config.hidden_size, config.layer_norm_epsilon)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.embeddings(input_ids)
-        for layer in self.layers:
-            hidden = layer(hidden)
-        return self.norm_f(hidden)
-
-
-class NemotronHForCausalLM(CausalLM):
-    def __init__(self, config: PretrainedConfig):
-        super().__init__(config)
-        self.backbone = NemotronHModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.backbone(input_ids)
-
-    def input_embeddings(self) -> nn.Embedding:
-        return self.backbone.embeddings
+        eps = config.layer_norm_epsilon
+        layers = (MixerBlock(NemotronRMSNorm(config.hidden_size, eps), block_mixer(config, block_type, i))
+                  for i, block_type in enumerate(config.layers_block_type))
+        super().__init__(config, layers, NemotronRMSNorm(config.hidden_size, eps))
 
     def checkpoint_name(self, name: str) -> str | None:
         if name.startswith("mtp."):

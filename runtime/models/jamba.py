@@ -31,7 +31,9 @@ class JambaForCausalLM(ModelDeclaration):
     def layout(cls, cfg: HFConfig) -> tuple[LayerKind, ...]:
         period, offset = cfg.positive_int("attn_layer_period"), cfg.attn_layer_offset
         if not 0 <= offset < period:
-            raise ConfigError(f"{cls.architecture}: attn_layer_offset={offset} must be in [0, attn_layer_period={period})")
+            raise ConfigError(
+                f"{cls.architecture}: attn_layer_offset={offset} must be in [0, attn_layer_period={period})"
+            )
         return tuple(
             LayerKind.ATTENTION if i % period == offset else LayerKind.MAMBA1
             for i in range(cfg.positive_int("num_hidden_layers"))

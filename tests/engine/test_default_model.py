@@ -6,10 +6,10 @@ import sys
 import pytest
 import torch
 import transformers
+from tiny_models import hf_greedy
 
 from runtime import LLM, SamplingParams
 from runtime.llm import DEFAULT_MODEL
-from tiny_models import hf_greedy
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

@@ -8,9 +8,9 @@ import copy
 
 import pytest
 import torch
+from tiny_models import hf_greedy, hf_last_logits
 
 from runtime import LLM, SamplingParams
-from tiny_models import hf_greedy, hf_last_logits
 
 PROMPTS = [
     "The",

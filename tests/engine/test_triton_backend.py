@@ -22,7 +22,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 @pytest.fixture
 def restore_backend():
     yield
-    kernels.bind("torch", torch.device("cpu"))  # later tests build engines on CPU, whose references must not be left rebound
+    # Later tests build engines on CPU, whose references must not be left rebound.
+    kernels.bind("torch", torch.device("cpu"))
 
 
 def generate(directory, backend):

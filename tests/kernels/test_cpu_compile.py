@@ -8,7 +8,8 @@ from runtime.kernels.ssm_state_update import selective_state_update_ref
 
 
 @pytest.fixture
-def compiled():
+def compiled(monkeypatch):
+    monkeypatch.setenv(cpu_compile.ENV_VAR, "1")
     assert cpu_compile.enable(True), "torch.compile must work on the CI machine"
     yield
     cpu_compile.enable(False)
@@ -37,3 +38,23 @@ def test_compiled_state_update_equals_eager(compiled, dtype, slots):
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(fused, eager, **tol)
     torch.testing.assert_close(states, eager_states, **tol)
+
+
+def test_an_engine_with_compiled_kernels_gives_the_eager_tokens(compiled, tiny_checkpoint, monkeypatch):
+    from runtime import LLM, SamplingParams
+
+    prompts = ["The", "A hybrid model mixes attention with state-space layers and the page pool holds"]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    directory = tiny_checkpoint("bamba")[0]
+    fused = [o.outputs[0].token_ids for o in LLM(directory, dtype="float32").generate(prompts, params, use_tqdm=False)]
+    assert cpu_compile._enabled
+    monkeypatch.setenv(cpu_compile.ENV_VAR, "0")
+    eager_llm = LLM(directory, dtype="float32")
+    assert not cpu_compile._enabled
+    eager = [o.outputs[0].token_ids for o in eager_llm.generate(prompts, params, use_tqdm=False)]
+    assert fused == eager
+
+
+def test_the_environment_switch_keeps_the_references_eager(monkeypatch):
+    monkeypatch.setenv(cpu_compile.ENV_VAR, "0")
+    assert not cpu_compile.enable(True)

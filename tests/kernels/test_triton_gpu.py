@@ -12,8 +12,12 @@ import pytest
 import torch
 
 from runtime.kernels._triton_utils import interpreting
-from runtime.kernels.causal_conv1d import causal_conv1d_fn_ref, causal_conv1d_fn_triton
-from runtime.kernels.causal_conv1d import causal_conv1d_update_ref, causal_conv1d_update_triton
+from runtime.kernels.causal_conv1d import (
+    causal_conv1d_fn_ref,
+    causal_conv1d_fn_triton,
+    causal_conv1d_update_ref,
+    causal_conv1d_update_triton,
+)
 from runtime.kernels.kv_cache import store_kv_ref, store_kv_triton
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
 from runtime.kernels.paged_attention import paged_attention_ref, paged_attention_triton

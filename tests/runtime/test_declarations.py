@@ -138,7 +138,9 @@ def test_state_dtypes_must_match_state_shapes():
 def test_infinity_both_spellings(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    (tmp_path / "a" / "config.json").write_text('{"architectures": ["BambaForCausalLM"], "time_step_limit": [0.0, Infinity]}')
+    (tmp_path / "a" / "config.json").write_text(
+        '{"architectures": ["BambaForCausalLM"], "time_step_limit": [0.0, Infinity]}'
+    )
     (tmp_path / "b" / "config.json").write_text(
         '{"architectures": ["BambaForCausalLM"], "time_step_limit": [0.0, {"__float__": "Infinity"}]}'
     )

@@ -96,7 +96,8 @@ def test_every_fixture_is_covered():
 def test_memory_fit():
     # A page id spans 3 layer pages of 528*4096 B; a 4096-token sequence needs ceil(4096/528) = 8 KV
     # blocks in the one attention group and a state page in each of ceil(29/3) = 10 state groups.
-    report = plan_json("ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16", "--memory", "8GiB", "--max-model-len", "4096")
+    report = plan_json("ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16", "--memory", "8GiB",
+                       "--max-model-len", "4096")
     fit = report["fit"]
     assert fit["pages_per_sequence"] == 8 + 10
     assert fit["num_page_ids"] == 8 * 1024**3 // (3 * 528 * 4096)

@@ -40,7 +40,8 @@ def test_missing_file(tmp_path):
 
 
 def test_malformed_json(tmp_path):
-    assert_error(plan(str(write_config(tmp_path, '{"architectures": ["BambaForCausalLM"],'))), "not valid JSON", "line 1")
+    broken = write_config(tmp_path, '{"architectures": ["BambaForCausalLM"],')
+    assert_error(plan(str(broken)), "not valid JSON", "line 1")
 
 
 def test_not_an_object(tmp_path):
@@ -76,7 +77,8 @@ def test_nemotron_pattern_with_unknown_layer(tmp_path):
 
 
 def test_block_size_too_small():
-    assert_error(plan(str(BAMBA), "--dtype", "bfloat16", "--block-size", "512"), "block_size=512", "smallest valid value is 528")
+    result = plan(str(BAMBA), "--dtype", "bfloat16", "--block-size", "512")
+    assert_error(result, "block_size=512", "smallest valid value is 528")
 
 
 def test_block_size_unaligned():
