@@ -70,8 +70,9 @@ def run_tandem(directory: Path, dtype: str, ids: list[list[int]], output_len: in
     llm = LLM(directory, dtype=dtype, max_num_seqs=len(ids), max_num_batched_tokens=max(2048, sum(map(len, ids))),
               max_model_len=len(ids[0]) + output_len + 16)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    # Warm-up with two requests: torch.compile specializes sizes of 1, so one would not do.
-    llm.generate([{"prompt_token_ids": p} for p in ids[:2]], SamplingParams(temperature=0, max_tokens=3),
+    # Warm-up on the whole batch, as for HF below: torch.compile specializes some sizes, so the
+    # measured run must not be the first of its shape.
+    llm.generate([{"prompt_token_ids": p} for p in ids], SamplingParams(temperature=0, max_tokens=3),
                  use_tqdm=False)
     engine = llm.engine
     start = time.perf_counter()

@@ -1,0 +1,61 @@
+"""Tandem's own prefill and decode-step times, for before/after comparisons of one change.
+
+    python bench/steps.py --model hybrid --dtype float32
+    TANDEM_CPU_COMPILE=0 python bench/steps.py      # the references run eagerly
+
+Uses the checkpoints bench/throughput.py builds (same cache). Prefill: the best of three
+one-step prefills of 32 prompts x 128 tokens. Decode: the median step of 32 sequences over
+40 steps. Quicker and steadier than the full table, and without HF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from bench.throughput import build_checkpoint, prompts  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="hybrid", choices=["hybrid", "llama"])
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
+    args = parser.parse_args()
+
+    import torch
+
+    from runtime import LLM, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    llm = LLM(build_checkpoint(args.model, args.cache), dtype=args.dtype, max_num_seqs=32,
+              max_num_batched_tokens=4096, max_model_len=256)
+    engine, ids = llm.engine, prompts(32, 128)
+    prefill = []
+    for _ in range(3):
+        for p in ids:
+            engine.add_request({"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=1))
+        start = time.perf_counter()
+        engine.step()
+        prefill.append(time.perf_counter() - start)
+    for p in ids:
+        engine.add_request({"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    engine.step()
+    steps = []
+    while engine.has_unfinished():
+        start = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - start)
+    decode = 1000 * statistics.median(steps)
+    print(f"{args.model} {args.dtype}: prefill {min(prefill):.2f} s, decode step {decode:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
