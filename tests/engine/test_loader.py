@@ -91,3 +91,23 @@ def test_half_precision_runs_and_stays_close(checkpoint, dtype):
     # The same distribution to within half-precision rounding over a few layers.
     assert (logits[0] - logits[1]).abs().max() < 0.1 * logits[0].abs().max()
     assert logits[0].argmax() == logits[1].argmax()
+
+
+def test_a_module_that_caches_other_shapes_than_the_declaration_is_refused(checkpoint):
+    import dataclasses
+
+    import torch
+
+    from runtime.cache.pool import allocate_pool, bind_pool
+    from runtime.cache.spec import MambaSpec
+    from runtime.config import EngineConfig
+    from runtime.loader import build_model
+
+    config = EngineConfig(str(checkpoint), dtype="float32")
+    model = build_model(config, torch.device("cpu"))
+    layout = config.cache
+    conv, ssm = layout.mamba.shapes
+    wrong = dataclasses.replace(layout, mamba=MambaSpec(((conv[0], conv[1] + 8), ssm), layout.mamba.dtypes,
+                                                        layout.mamba.page_size_padded))
+    with pytest.raises(ValueError, match="the declaration and the implementation disagree"):
+        bind_pool(model, allocate_pool(wrong, 4, torch.device("cpu")), wrong)
