@@ -39,14 +39,7 @@ class Lfm2ForCausalLM(ModelDeclaration):
 
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
-        heads = cfg.positive_int("num_attention_heads")
-        return attention_shape(
-            cls.architecture,
-            num_heads=heads,
-            num_kv_heads=cfg.first("num_key_value_heads", default=heads),
-            head_size=cfg.positive_int("hidden_size") // heads,
-            tp=tp,
-        )
+        return attention_shape(cfg, tp)
 
     @classmethod
     def mamba_state_shape(cls, cfg: HFConfig, tp: int) -> tuple[tuple[int, ...], ...]:

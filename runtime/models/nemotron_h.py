@@ -63,14 +63,7 @@ class NemotronHForCausalLM(ModelDeclaration):
 
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
-        heads = cfg.positive_int("num_attention_heads")
-        return attention_shape(
-            cls.architecture,
-            num_heads=heads,
-            num_kv_heads=cfg.first("num_key_value_heads", default=heads),
-            head_size=cfg.first("head_dim", "attention_head_dim", default=128),
-            tp=tp,
-        )
+        return attention_shape(cfg, tp, head_size=cfg.first("head_dim", "attention_head_dim", default=128))
 
     @classmethod
     def mamba_state_shape(cls, cfg: HFConfig, tp: int) -> tuple[tuple[int, ...], ...]:

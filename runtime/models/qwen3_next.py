@@ -42,14 +42,7 @@ class Qwen3NextForCausalLM(ModelDeclaration):
 
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
-        heads = cfg.positive_int("num_attention_heads")
-        return attention_shape(
-            cls.architecture,
-            num_heads=heads,
-            num_kv_heads=cfg.first("num_key_value_heads", default=heads),
-            head_size=cfg.positive_int("head_dim"),
-            tp=tp,
-        )
+        return attention_shape(cfg, tp, head_size=cfg.positive_int("head_dim"))
 
     @classmethod
     def mamba_state_shape(cls, cfg: HFConfig, tp: int) -> tuple[tuple[int, ...], ...]:

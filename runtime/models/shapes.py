@@ -7,7 +7,7 @@ Mamba-1: conv `(k-1, d_inner/tp)`, SSM `(d_inner/tp, n)`.
 
 from __future__ import annotations
 
-from runtime.hf_config import ConfigError
+from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.interface import AttentionShape
 
 
@@ -53,7 +53,13 @@ def mamba1_state_shape(
     return (d_conv - 1, d_inner // tp), (d_inner // tp, d_state)
 
 
-def attention_shape(model: str, *, num_heads: int, num_kv_heads: int, head_size: int, tp: int) -> AttentionShape:
+def attention_shape(cfg: HFConfig, tp: int, head_size: int | None = None) -> AttentionShape:
+    """KV heads per rank and head size from the usual keys; `head_size` overrides `head_dim`."""
+    model = cfg.architecture
+    num_heads = cfg.positive_int("num_attention_heads")
+    num_kv_heads = cfg.first("num_key_value_heads", default=num_heads)
+    if head_size is None:
+        head_size = cfg.first("head_dim", default=cfg.positive_int("hidden_size") // num_heads)
     _require_divisible(model, "num_attention_heads", num_heads, tp)
     if num_kv_heads >= tp:
         _require_divisible(model, "num_key_value_heads", num_kv_heads, tp)

@@ -65,14 +65,8 @@ class Zamba2ForCausalLM(ModelDeclaration):
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
         # The shared block attends over [hidden, embedding], twice the hidden width.
-        heads = cfg.positive_int("num_attention_heads")
-        return attention_shape(
-            cls.architecture,
-            num_heads=heads,
-            num_kv_heads=cfg.first("num_key_value_heads", default=heads),
-            head_size=2 * cfg.positive_int("hidden_size") // heads,
-            tp=tp,
-        )
+        head_size = 2 * cfg.positive_int("hidden_size") // cfg.positive_int("num_attention_heads")
+        return attention_shape(cfg, tp, head_size=head_size)
 
     @classmethod
     def mamba_state_shape(cls, cfg: HFConfig, tp: int) -> tuple[tuple[int, ...], ...]:
