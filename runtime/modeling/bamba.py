@@ -12,8 +12,11 @@ from runtime.modeling.base import CausalLM
 from runtime.modeling.llama import SelfAttention
 
 
-def bamba_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
-    d_inner = int(config.mamba_expand * config.hidden_size)
+def bamba_mixer(config: PretrainedConfig, layer_idx: int, d_inner: int | None = None, **options) -> Mamba2Mixer:
+    """The Mamba-2 mixer from the `mamba_*` keys Bamba, Granite 4.0-H and Falcon-H1 share; `options` are
+    Mamba2Mixer's optional arguments (Falcon-H1's multipliers and norm)."""
+    if d_inner is None:
+        d_inner = int(config.mamba_expand * config.hidden_size)
     return Mamba2Mixer(
         layer_idx,
         hidden_size=config.hidden_size,
@@ -27,6 +30,7 @@ def bamba_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
         proj_bias=config.mamba_proj_bias,
         eps=config.rms_norm_eps,
         dt_limit=tuple(config.time_step_limit or (0.0, float("inf"))),
+        **options,
     )
 
 

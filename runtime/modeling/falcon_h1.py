@@ -17,6 +17,7 @@ from runtime.kernels.common import NO_DT_LIMIT
 from runtime.layers.mamba2 import Mamba2Mixer
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rotary, head_dim_of
+from runtime.modeling.bamba import bamba_mixer
 from runtime.modeling.base import CausalLM
 from runtime.modeling.llama import SelfAttention
 
@@ -68,19 +69,10 @@ def falcon_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
         norm = FalconGatedRMSNorm(d_inner, config.mamba_n_groups, config.rms_norm_eps, config.mamba_norm_before_gate)
     else:
         norm = SiluGate()
-    return Mamba2Mixer(
+    return bamba_mixer(
+        config,
         layer_idx,
-        hidden_size=config.hidden_size,
-        d_inner=d_inner,
-        num_heads=config.mamba_n_heads,
-        head_dim=config.mamba_d_head,
-        n_groups=config.mamba_n_groups,
-        d_state=config.mamba_d_state,
-        d_conv=config.mamba_d_conv,
-        conv_bias=config.mamba_conv_bias,
-        proj_bias=config.mamba_proj_bias,
-        eps=config.rms_norm_eps,
-        dt_limit=tuple(config.time_step_limit or NO_DT_LIMIT),
+        d_inner,
         decode_dt_limit=NO_DT_LIMIT,
         out_proj_bias=config.projectors_bias,
         in_proj_multipliers=mup_vector(config, d_inner),
