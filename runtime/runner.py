@@ -21,6 +21,12 @@ from runtime.sequence import Sequence
 logger = logging.getLogger("tandem")
 
 MAMBA1_CHUNK = 256
+# Compiling the CPU kernels takes seconds; it pays back only when each state update moves this much.
+COMPILE_MIN_STATE_BYTES = 256 * 1024
+
+
+def compile_pays(layout: CacheLayout) -> bool:
+    return layout.mamba is not None and layout.mamba.unpadded_page_size_bytes >= COMPILE_MIN_STATE_BYTES
 
 
 def resolve_device(name: str) -> torch.device:
@@ -44,7 +50,8 @@ class ModelRunner:
         self.layout: CacheLayout = config.cache
         self.device = resolve_device(config.device)
         # Once per engine, before any kernel runs: no kernel call checks its device.
-        self.kernel_backend = kernels.bind(kernels.resolve_backend(config.kernel_backend, self.device), self.device)
+        backend = kernels.resolve_backend(config.kernel_backend, self.device)
+        self.kernel_backend = kernels.bind(backend, self.device, compile_cpu=compile_pays(self.layout))
         logger.info("kernel backend: %s on %s", self.kernel_backend, self.device)
         self.model = build_model(config, self.device)
         if self.device.type == "cpu" and self.kernel_backend == "torch":

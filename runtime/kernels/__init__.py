@@ -95,14 +95,14 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     return choice
 
 
-def bind(name: str, device: torch.device) -> str:
+def bind(name: str, device: torch.device, compile_cpu: bool = True) -> str:
     """Point every op at its `name` ("torch" or "triton") implementation; returns name.
 
-    The references' fused cores run through torch.compile on a CPU (see cpu_compile.py).
+    With `compile_cpu`, the references' fused cores run through torch.compile on a CPU (see cpu_compile.py).
     """
     global backend, _bound
     assert name in ("torch", "triton"), name
-    cpu_compile.enable(name == "torch" and device.type == "cpu")
+    cpu_compile.enable(compile_cpu and name == "torch" and device.type == "cpu")
     if _bound and name != backend:
         logger.warning("kernel backend: %s (was %s); engines built earlier in this process now use it too",
                        name, backend)

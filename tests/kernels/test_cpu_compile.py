@@ -43,6 +43,8 @@ def test_compiled_state_update_equals_eager(compiled, dtype, slots):
 def test_an_engine_with_compiled_kernels_gives_the_eager_tokens(compiled, tiny_checkpoint, monkeypatch):
     from runtime import LLM, SamplingParams
 
+    # Tiny states never pay for compiling; make this one compile anyway.
+    monkeypatch.setattr("runtime.runner.COMPILE_MIN_STATE_BYTES", 0)
     prompts = ["The", "A hybrid model mixes attention with state-space layers and the page pool holds"]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     directory = tiny_checkpoint("bamba")[0]
@@ -58,3 +60,15 @@ def test_an_engine_with_compiled_kernels_gives_the_eager_tokens(compiled, tiny_c
 def test_the_environment_switch_keeps_the_references_eager(monkeypatch):
     monkeypatch.setenv(cpu_compile.ENV_VAR, "0")
     assert not cpu_compile.enable(True)
+
+
+def test_compiling_is_kept_for_states_large_enough_to_pay(tiny_checkpoint):
+    from pathlib import Path
+
+    from runtime.config import EngineConfig
+    from runtime.runner import compile_pays
+
+    configs = Path(__file__).parents[2] / "docs" / "configs"
+    assert not compile_pays(EngineConfig(str(tiny_checkpoint("bamba")[0])).cache)
+    assert compile_pays(EngineConfig(str(configs / "ibm-ai-platform__Bamba-9B")).cache)
+    assert not compile_pays(EngineConfig(str(configs / "meta-llama__Llama-3.2-1B")).cache)
