@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from runtime.plan import add_engine_arguments
+from runtime.plan import add_engine_arguments, engine_options
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,9 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.llm import LLM
     from runtime.sampling_params import SamplingParams
 
-    llm = LLM(model, dtype=args.dtype, tensor_parallel_size=args.tp, block_size=args.block_size,
-              enable_prefix_caching=args.enable_prefix_caching, mamba_ssm_dtype=args.mamba_ssm_dtype,
-              max_model_len=args.max_model_len, kernel_backend=args.kernel_backend)
+    llm = LLM(model, **engine_options(args), max_model_len=args.max_model_len, kernel_backend=args.kernel_backend)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens)
     output = llm.generate([prompt], params, use_tqdm=False)[0]

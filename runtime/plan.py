@@ -38,6 +38,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mamba-ssm-dtype", default="auto", help="SSM state dtype: auto (model dtype) or float32, ...")
 
 
+def engine_options(args: argparse.Namespace) -> dict:
+    """The EngineConfig keywords of the options add_engine_arguments added."""
+    return dict(dtype=args.dtype, tensor_parallel_size=args.tp, block_size=args.block_size,
+                enable_prefix_caching=args.enable_prefix_caching, mamba_ssm_dtype=args.mamba_ssm_dtype)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("plan", help="explain a model's cache layout from its config.json")
     parser.add_argument("model", help="a model directory or its config.json")
@@ -53,14 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--memory and --max-model-len go together: give both to see how many sequences fit")
     if args.max_model_len is not None and args.max_model_len < 1:
         raise ConfigError(f"--max-model-len must be positive, got {args.max_model_len}")
-    config = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        tensor_parallel_size=args.tp,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-        mamba_ssm_dtype=args.mamba_ssm_dtype,
-    )
+    config = EngineConfig(model=args.model, **engine_options(args))
     report = build_report(config, args.memory, args.max_model_len)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 from runtime.config import EngineConfig
-from runtime.plan import add_engine_arguments, parse_size
+from runtime.plan import add_engine_arguments, engine_options, parse_size
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -42,11 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
-        dtype=args.dtype,
-        tensor_parallel_size=args.tp,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-        mamba_ssm_dtype=args.mamba_ssm_dtype,
+        **engine_options(args),
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -10,7 +10,6 @@ from fastapi import Request
 from fastapi.responses import Response
 from jinja2 import TemplateError
 
-from runtime.outputs import RequestOutput
 from runtime.server.async_engine import RequestHandle
 from runtime.server.logprobs import chat_logprobs
 from runtime.server.protocol import (
@@ -60,12 +59,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     choice = ChatChoice(message=AssistantMessage(content=completion.text), logprobs=logprobs,
                         finish_reason=completion.finish_reason)
     response = ChatCompletionResponse(id=request_id, created=int(time.time()), model=state.model_name,
-                                      choices=[choice], usage=_usage(output))
+                                      choices=[choice], usage=Usage.of_output(output))
     return Response(response.model_dump_json(), media_type="application/json")
-
-
-def _usage(output: RequestOutput) -> Usage:
-    return Usage.of(len(output.prompt_token_ids), len(output.outputs[0].token_ids))
 
 
 async def _chunks(state: ServerState, body: ChatCompletionRequest, handle: RequestHandle,
@@ -91,4 +86,4 @@ async def _chunks(state: ServerState, body: ChatCompletionRequest, handle: Reque
             delta = Delta(content=text) if text else Delta()
             yield chunk([ChatStreamChoice(delta=delta, logprobs=logprobs, finish_reason=completion.finish_reason)])
         if output.finished and body.include_usage:
-            yield chunk([], _usage(output))
+            yield chunk([], Usage.of_output(output))

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
-from runtime.outputs import RequestOutput
 from runtime.server.async_engine import RequestHandle
 from runtime.server.logprobs import completion_logprobs
 from runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
@@ -33,12 +32,8 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         logprobs = completion_logprobs(state.tokenizer, completion.token_ids, completion.logprobs, body.logprobs)
     choice = CompletionChoice(text=completion.text, logprobs=logprobs, finish_reason=completion.finish_reason)
     response = CompletionResponse(id=request_id, created=int(time.time()), model=state.model_name, choices=[choice],
-                                  usage=_usage(output))
+                                  usage=Usage.of_output(output))
     return Response(response.model_dump_json(), media_type="application/json")
-
-
-def _usage(output: RequestOutput) -> Usage:
-    return Usage.of(len(output.prompt_token_ids), len(output.outputs[0].token_ids))
 
 
 async def _chunks(state: ServerState, body: CompletionRequest, handle: RequestHandle,
@@ -60,4 +55,4 @@ async def _chunks(state: ServerState, body: CompletionRequest, handle: RequestHa
                                          choices=[choice]))
         if output.finished and body.include_usage:
             yield sse(CompletionResponse(id=handle.request_id, created=created, model=state.model_name, choices=[],
-                                         usage=_usage(output)))
+                                         usage=Usage.of_output(output)))

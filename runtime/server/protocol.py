@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 
 # As vLLM: more top log-probabilities per token than this is refused.
@@ -151,6 +152,10 @@ class Usage(BaseModel):
     def of(cls, num_prompt_tokens: int, num_completion_tokens: int) -> Usage:
         return cls(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
                    total_tokens=num_prompt_tokens + num_completion_tokens)
+
+    @classmethod
+    def of_output(cls, output: RequestOutput) -> Usage:
+        return cls.of(len(output.prompt_token_ids), len(output.outputs[0].token_ids))
 
 
 class CompletionResponse(BaseModel):
