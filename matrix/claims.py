@@ -60,7 +60,12 @@ def read_claims(root: Path) -> list[Claim]:
 
 
 def claims_in(source: str, path: str) -> list[Claim]:
-    module = TestModule(ast.parse(source, filename=path), path)
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as err:
+        raise BadClaim(f"{path}:{err.lineno}: {err.msg}; the check reads the proves markers of this file "
+                       "and cannot parse it") from None
+    module = ParsedTests(tree, path)
     claims = []
     for marker in module.markers():
         architectures, names = parse_arguments(marker, path)
@@ -116,10 +121,8 @@ def did_you_mean(value: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-class TestModule:
+class ParsedTests:
     """One test file's syntax tree, with what is needed to find the tests a marker applies to."""
-
-    __test__ = False  # not a pytest test class, despite its name
 
     def __init__(self, tree: ast.Module, path: str) -> None:
         self.tree, self.path = tree, path

@@ -4,6 +4,7 @@ import pytest
 from matrix_helpers import ROOT, add_proof, edit, mkdocs_build, site_config
 
 from matrix import evidence
+from matrix.claims import read_claims
 from runtime.models.bamba import BambaForCausalLM
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import partial, supported
@@ -112,3 +113,13 @@ def test_an_unproven_cell_fails_the_strict_build(root, tmp_path):
 def test_the_built_evidence_page_links_each_row_to_its_section(built_site):
     html = (built_site / "models/evidence.html").read_text(encoding="utf-8")
     assert 'id="bambaforcausallm"' in html and 'href="#bambaforcausallm"' in html
+
+
+def test_each_tiny_model_case_proves_its_own_architecture():
+    """A case named after a tiny model (tests/tiny_models.py) can only prove that model's architecture."""
+    from tiny_models import CONFIGS
+
+    cases = [(claim.test.partition("[")[2].rstrip("]"), claim) for claim in read_claims(ROOT)]
+    checked = [(CONFIGS[case][1], claim.architecture, claim.test) for case, claim in cases if case in CONFIGS]
+    assert checked
+    assert [c for c in checked if c[0] != c[1]] == []
