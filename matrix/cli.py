@@ -1,7 +1,8 @@
 """`tandem matrix render|check|print|lint` (also `python -m matrix ...`).
 
-Exit codes: 0 clean; 1 a stale table or a non-canonical glyph; 2 bad usage or broken
-markers; 3 a declaration (or a kept config) that cannot be rendered.
+Exit codes: 0 clean; 1 a stale table, a non-canonical glyph, or a supported cell that no test
+proves; 2 bad usage or broken markers; 3 a declaration (or a kept config, or a `proves` marker in
+tests/) that cannot be read.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from matrix import lint
+from matrix import evidence, lint
 from matrix.docs import DEFAULT_ROOT, Result, display, docs_dir, examine
 from matrix.errors import MatrixError, StaleDocs, UsageError
 from matrix.files import read_text, write_atomic
@@ -59,10 +60,8 @@ def summary(results: list[Result]) -> tuple[int, int, int]:
 @reports_errors
 def run_check(args: argparse.Namespace) -> int:
     results = examine(args.root)
+    proofs = evidence.examine(args.root)
     files, stale, glyphs = summary(results)
-    if not files:
-        print(f"docs are up to date: {len(IDS)} generated regions, {len(results)} markdown files checked")
-        return 0
     for result in results:
         if result.changed:
             print(result.diff(), end="")
@@ -70,9 +69,19 @@ def run_check(args: argparse.Namespace) -> int:
             print(finding.format())
         for region_id in result.stale:
             print(f"{result.doc.display}: generated region {region_id!r} is stale")
-    print(f"{stale} stale region(s) and {glyphs} non-canonical glyph(s) in {files} file(s); "
-          f"run `{fix_command(args.root)}`")
-    return StaleDocs.exit_code
+    for failure in proofs.failures:
+        print(failure)
+    if files:
+        print(f"{stale} stale region(s) and {glyphs} non-canonical glyph(s) in {files} file(s); "
+              f"run `{fix_command(args.root)}`")
+    if proofs.failures:
+        print(f"{len(proofs.failures)} supported or partial cell(s) with no proving test; see docs/contributing.md")
+    if not files and not proofs.failures:
+        print(f"docs are up to date: {len(IDS)} generated regions, {len(results)} markdown files checked; "
+              f"{proofs.num_proven} supported or partial cells proven by {proofs.num_tests} tests")
+    for warning in proofs.warnings:
+        print(warning)
+    return StaleDocs.exit_code if files or proofs.failures else 0
 
 
 @reports_errors
@@ -124,8 +133,9 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     )
     commands.add_parser("render", parents=[root], help="write every generated region and fix glyphs") \
         .set_defaults(run=run_render)
-    commands.add_parser("check", parents=[root], help="exit 1 if a region is stale or a glyph is not canonical") \
-        .set_defaults(run=run_check)
+    commands.add_parser(
+        "check", parents=[root], help="exit 1 if a region is stale, a glyph is not canonical or a cell is unproven"
+    ).set_defaults(run=run_check)
     printer = commands.add_parser("print", parents=[root], help="print one region's fresh body")
     printer.add_argument("id", help=f"one of: {', '.join(IDS)}")
     printer.set_defaults(run=run_print)

@@ -31,3 +31,9 @@ class BadDeclaration(MatrixError):
     """A model declaration (or a published config kept with the docs) cannot be rendered."""
 
     exit_code = 3
+
+
+class BadClaim(MatrixError):
+    """A `proves` marker in tests/ that cannot be read: an unknown name, a place no test runs it from."""
+
+    exit_code = 3

@@ -2,8 +2,8 @@
 
 The committed region is replaced in memory only (writing into docs/ would make
 `mkdocs serve` rebuild forever). A committed region that differs from the fresh one,
-or a non-canonical glyph, is logged as a warning through the plugin logger, so
-`mkdocs build --strict` fails; broken markers abort any build.
+a non-canonical glyph, or a supported cell that no test proves, is logged as a warning
+through the plugin logger, so `mkdocs build --strict` fails; broken markers abort any build.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from matrix import lint  # noqa: E402
+from matrix import evidence, lint  # noqa: E402
 from matrix.docs import read_docs  # noqa: E402
 from matrix.errors import MatrixError  # noqa: E402
 from matrix.splice import find_regions, is_stale, splice  # noqa: E402
@@ -39,8 +39,15 @@ def on_pre_build(config) -> None:
     try:
         read_docs(root)
         bodies = render_all(root)
+        proofs = evidence.examine(root)
     except MatrixError as err:
         raise PluginError(f"generated docs: {err}") from None
+    # An unproven supported cell fails a strict build, as `tandem matrix check` does; a proof ahead
+    # of its declaration is only reported.
+    for failure in proofs.failures:
+        log.warning(failure)
+    for warning in proofs.warnings:
+        log.info(warning)
     _bodies.clear()
     _bodies.update(bodies)
 

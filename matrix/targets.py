@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from matrix import collect, configs
+from matrix import collect, configs, evidence
 from matrix.errors import UsageError
 from matrix.lint import findings_in
 from matrix.render import render
@@ -28,6 +28,7 @@ TARGETS = (
     Target("supported-models", "supported_models.md.j2", collect.supported_models),
     Target("v1-families", "v1_families.md.j2", collect.v1_families),
     Target("v1-features", "v1_features.md.j2", collect.v1_features),
+    Target("evidence", "evidence.md.j2", evidence.evidence_page),
     Target("cache-layout", "cache_layout.md.j2", configs.cache_layout),
     Target("plan-example", "plan_example.md.j2",
            configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",

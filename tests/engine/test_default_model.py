@@ -25,6 +25,7 @@ def test_it_is_a_small_hybrid_in_hf_format():
     assert sum(p.stat().st_size for p in DEFAULT_MODEL.iterdir()) < 8 * 1024**2
 
 
+@pytest.mark.proves("BambaForCausalLM", "engine")
 def test_transformers_loads_it_and_agrees(llm):
     hf = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32).eval()
     prompts = ["Tandem is", "The scheduler", "Every model class declares"]

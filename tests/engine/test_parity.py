@@ -21,9 +21,20 @@ PROMPTS = [
 ]
 NEW_TOKENS = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+# Each case proves that its architecture runs on the engine (the V1 column; see docs/contributing.md).
 MODELS = [
-    "llama", "granite", "mamba2", "bamba", "granitemoehybrid", "granitemoehybrid-dense-nope", "jamba", "mamba",
-    "falcon_h1", "falcon_h1_rms_norm", "nemotron_h", "zamba2",
+    pytest.param("llama", marks=pytest.mark.proves("LlamaForCausalLM", "engine")),
+    pytest.param("granite", marks=pytest.mark.proves("GraniteForCausalLM", "engine")),
+    pytest.param("mamba2", marks=pytest.mark.proves("Mamba2ForCausalLM", "engine")),
+    pytest.param("bamba", marks=pytest.mark.proves("BambaForCausalLM", "engine")),
+    pytest.param("granitemoehybrid", marks=pytest.mark.proves("GraniteMoeHybridForCausalLM", "engine")),
+    pytest.param("granitemoehybrid-dense-nope", marks=pytest.mark.proves("GraniteMoeHybridForCausalLM", "engine")),
+    pytest.param("jamba", marks=pytest.mark.proves("JambaForCausalLM", "engine")),
+    pytest.param("mamba", marks=pytest.mark.proves("MambaForCausalLM", "engine")),
+    pytest.param("falcon_h1", marks=pytest.mark.proves("FalconH1ForCausalLM", "engine")),
+    pytest.param("falcon_h1_rms_norm", marks=pytest.mark.proves("FalconH1ForCausalLM", "engine")),
+    pytest.param("nemotron_h", marks=pytest.mark.proves("NemotronHForCausalLM", "engine")),
+    pytest.param("zamba2", marks=pytest.mark.proves("Zamba2ForCausalLM", "engine")),
 ]
 
 

@@ -15,7 +15,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=[
-    "llama", "mamba2", "bamba", "granitemoehybrid", "jamba", "mamba", "falcon_h1", "nemotron_h", "zamba2",
+    "llama", "granite", "mamba2", "bamba", "granitemoehybrid", "jamba", "mamba", "falcon_h1", "nemotron_h", "zamba2",
 ])
 def checkpoint(request, tiny_checkpoint):
     return tiny_checkpoint(request.param)[0]
@@ -38,6 +38,11 @@ def test_batch_equals_each_request_alone(checkpoint):
     assert_pool_free(llm)
 
 
+@pytest.mark.proves(
+    "chunked prefill", "LlamaForCausalLM", "GraniteForCausalLM", "Mamba2ForCausalLM", "BambaForCausalLM",
+    "GraniteMoeHybridForCausalLM", "JambaForCausalLM", "MambaForCausalLM", "FalconH1ForCausalLM",
+    "NemotronHForCausalLM", "Zamba2ForCausalLM",
+)
 def test_chunked_prefill_equals_one_shot(checkpoint):
     one_shot = LLM(checkpoint, dtype="float32", max_num_batched_tokens=4096)
     chunked = LLM(checkpoint, dtype="float32", max_num_batched_tokens=7)

@@ -29,8 +29,9 @@ def cli(capsys):
 
 @pytest.fixture
 def root(tmp_path) -> Path:
-    """A scratch repository root holding a copy of docs/; the real docs are never edited."""
+    """A scratch repository root holding a copy of docs/ and tests/ (the proofs); the real ones are never edited."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copytree(ROOT / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 

@@ -27,6 +27,14 @@ def edit(path: Path, old: str, new: str, count: int = 1) -> None:
     path.write_text(text.replace(old, new, count), encoding="utf-8")
 
 
+def add_proof(root: Path, *names: str) -> Path:
+    """A test file under root/tests marked as proving `names` (architectures and claims)."""
+    path = root / "tests" / f"test_proof_{len(list((root / 'tests').glob('test_proof_*.py')))}.py"
+    arguments = ", ".join(f'"{name}"' for name in names)
+    path.write_text(f"import pytest\n\n\n@pytest.mark.proves({arguments})\ndef test_it():\n    pass\n")
+    return path
+
+
 def site_config(root: Path) -> Path:
     """ROOT's mkdocs.yml pointed at root/docs, for building a scratch copy."""
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())

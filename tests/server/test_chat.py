@@ -17,6 +17,7 @@ def offline_chat(offline, tokenizer, messages, **params):
     return offline.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, **params), use_tqdm=False)[0]
 
 
+@pytest.mark.proves("BambaForCausalLM", "engine")
 def test_chat_equals_offline_on_the_templated_prompt(client, offline, tokenizer):
     expected = offline_chat(offline, tokenizer, MESSAGES, max_tokens=10)
     response = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=10)

@@ -13,6 +13,7 @@ def offline_completion(offline, prompt, **params):
     return offline.generate(prompt, SamplingParams(temperature=0, **params), use_tqdm=False)[0]
 
 
+@pytest.mark.proves("BambaForCausalLM", "engine")
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_completion_equals_offline(client, offline, prompt):
     expected = offline_completion(offline, prompt, max_tokens=12)
