@@ -13,7 +13,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from runtime.config import EngineConfig
-from runtime.modeling.base import CausalLM
+from runtime.models.causal_lm import CausalLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -13,18 +13,18 @@ from runtime.hf_config import ConfigError
 from runtime.models.interface import ModelDeclaration, validate_declaration
 
 REGISTRY: dict[str, str] = {
-    "BambaForCausalLM": "runtime.models.bamba",
-    "FalconH1ForCausalLM": "runtime.models.falcon_h1",
-    "GraniteForCausalLM": "runtime.models.granite",
-    "GraniteMoeHybridForCausalLM": "runtime.models.granitemoehybrid",
-    "JambaForCausalLM": "runtime.models.jamba",
-    "Lfm2ForCausalLM": "runtime.models.lfm2",
-    "LlamaForCausalLM": "runtime.models.llama",
-    "Mamba2ForCausalLM": "runtime.models.mamba2",
-    "MambaForCausalLM": "runtime.models.mamba",
-    "NemotronHForCausalLM": "runtime.models.nemotron_h",
-    "Qwen3NextForCausalLM": "runtime.models.qwen3_next",
-    "Zamba2ForCausalLM": "runtime.models.zamba2",
+    "BambaForCausalLM": "runtime.models.bamba.declaration",
+    "FalconH1ForCausalLM": "runtime.models.falcon_h1.declaration",
+    "GraniteForCausalLM": "runtime.models.granite.declaration",
+    "GraniteMoeHybridForCausalLM": "runtime.models.granitemoehybrid.declaration",
+    "JambaForCausalLM": "runtime.models.jamba.declaration",
+    "Lfm2ForCausalLM": "runtime.models.lfm2.declaration",
+    "LlamaForCausalLM": "runtime.models.llama.declaration",
+    "Mamba2ForCausalLM": "runtime.models.mamba2.declaration",
+    "MambaForCausalLM": "runtime.models.mamba.declaration",
+    "NemotronHForCausalLM": "runtime.models.nemotron_h.declaration",
+    "Qwen3NextForCausalLM": "runtime.models.qwen3_next.declaration",
+    "Zamba2ForCausalLM": "runtime.models.zamba2.declaration",
 }
 
 

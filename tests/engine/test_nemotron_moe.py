@@ -6,7 +6,7 @@ import torch
 from transformers import NemotronHConfig
 from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMoE
 
-from runtime.modeling.nemotron_h import nemotron_moe
+from runtime.models.nemotron_h.model import nemotron_moe
 
 HIDDEN = 64
 

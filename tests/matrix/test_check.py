@@ -9,11 +9,11 @@ from matrix_helpers import ROOT, add_proof, edit
 from matrix.splice import find_regions
 from matrix.targets import IDS
 from runtime.models import resolve
-from runtime.models.bamba import BambaForCausalLM
+from runtime.models.bamba.declaration import BambaForCausalLM
 from runtime.models.common import capabilities
-from runtime.models.granite import GraniteForCausalLM
+from runtime.models.granite.declaration import GraniteForCausalLM
 from runtime.models.interface import planned, supported
-from runtime.models.llama import LlamaForCausalLM
+from runtime.models.llama.declaration import LlamaForCausalLM
 
 LORA_NOTE = "LoRA on the attention and Mamba projections."
 
@@ -69,7 +69,7 @@ def test_a_changed_declaration_fails_the_check_until_render(cli, root, monkeypat
 def test_family_status_follows_the_engine_status(cli, root, monkeypatch, supported_models, planned_models,
                                                  family_cell):
     for model in supported_models:
-        monkeypatch.setattr(model, "implementation", "runtime.modeling.llama:LlamaForCausalLM")
+        monkeypatch.setattr(model, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
         monkeypatch.setattr(model, "capabilities", capabilities(supported()))
     for model in planned_models:
         monkeypatch.setattr(model, "implementation", None)

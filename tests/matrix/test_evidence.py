@@ -5,11 +5,11 @@ from matrix_helpers import ROOT, add_proof, edit, mkdocs_build, site_config
 
 from matrix import evidence
 from matrix.claims import read_claims
-from runtime.models.bamba import BambaForCausalLM
+from runtime.models.bamba.declaration import BambaForCausalLM
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import partial, supported
-from runtime.models.lfm2 import Lfm2ForCausalLM
-from runtime.models.llama import LlamaForCausalLM
+from runtime.models.lfm2.declaration import Lfm2ForCausalLM
+from runtime.models.llama.declaration import LlamaForCausalLM
 
 PAGE = "docs/models/evidence.md"
 TP_NOTE = "Attention heads split across ranks; Mamba heads not yet."
@@ -57,14 +57,14 @@ def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, ro
 
 
 def test_an_engine_cell_flipped_to_supported_fails_the_check(cli, root, monkeypatch):
-    monkeypatch.setattr(Lfm2ForCausalLM, "implementation", "runtime.modeling.llama:LlamaForCausalLM")
+    monkeypatch.setattr(Lfm2ForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
     monkeypatch.setattr(Lfm2ForCausalLM, "capabilities", capabilities(ON_ENGINE))
     cli("render", "--root", str(root))
     ran = cli("check", "--root", str(root))
     assert ran.code == 1
     assert ("Lfm2ForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test marked "
             '@pytest.mark.proves("Lfm2ForCausalLM", "engine") or set the declaration to planned(...) in '
-            "runtime/models/lfm2.py") in ran.out
+            "runtime/models/lfm2/declaration.py") in ran.out
 
 
 def test_removing_a_proof_fails_the_check(cli, root):
@@ -82,7 +82,7 @@ def test_a_proof_of_a_planned_cell_is_reported_not_failed(cli, root):
     assert ran.code == 0, ran.out
     assert ran.out.startswith("docs are up to date")
     assert ("warning: LlamaForCausalLM Prefix caching: 1 test prove(s) it (e.g. tests/test_proof_0.py::test_it) but "
-            "the declaration says planned; set it to supported() in runtime/models/llama.py") in ran.out
+            "the declaration says planned; set it to supported() in runtime/models/llama/declaration.py") in ran.out
 
 
 def test_a_typo_in_a_marker_exits_3_naming_the_file_and_line(cli, root):

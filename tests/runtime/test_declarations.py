@@ -8,7 +8,7 @@ import pytest
 
 from runtime.hf_config import load_raw_config
 from runtime.models import REGISTRY, UnknownArchitecture, all_declarations, resolve
-from runtime.models.bamba import BambaForCausalLM
+from runtime.models.bamba.declaration import BambaForCausalLM
 from runtime.models.common import capabilities
 from runtime.models.interface import (
     Capabilities,
@@ -22,7 +22,7 @@ from runtime.models.interface import (
     unsupported,
     validate_declaration,
 )
-from runtime.models.llama import LlamaForCausalLM
+from runtime.models.llama.declaration import LlamaForCausalLM
 
 
 def test_every_registered_declaration_is_valid():
