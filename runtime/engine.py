@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from runtime.cache.manager import CacheManager
 from runtime.config import EngineConfig
+from runtime.loader import load_tokenizer
 from runtime.models.interface import Feature, Status
 from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.runner import ModelRunner
@@ -74,7 +74,7 @@ class Engine:
     def __init__(self, config: EngineConfig):
         check_capabilities(config)
         self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(config)
         self.cache = CacheManager(config.cache, self.runner.num_pages)

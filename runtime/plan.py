@@ -102,7 +102,8 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
         spec = layout.mamba
         report["mamba"] = {"shapes": [list(s) for s in spec.shapes], "dtypes": list(spec.dtypes),
                            "page_size_bytes": spec.unpadded_page_size_bytes,
-                           "chunk_size": config.declaration.mamba_chunk_size(config.hf_config)}
+                           "chunk_size": config.declaration.mamba_chunk_size(config.hf_config),
+                           "state_dtype": config.state_dtype.dtype, "state_dtype_from": config.state_dtype.reason}
         if layout.attention:
             report["padding_pct"] = round(spec.padding_pct, 4)
     if memory is not None:
@@ -143,6 +144,7 @@ def format_report(r: dict[str, Any]) -> str:
         m = r["mamba"]
         states = " + ".join(f"{tuple(s)} {d}" for s, d in zip(m["shapes"], m["dtypes"]))
         lines.append(f"mamba state    {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
+        lines.append(f"state dtype    {m['state_dtype']} ({m['state_dtype_from']})")
     lines.extend(_format_pages(r))
     return "\n".join(lines)
 
