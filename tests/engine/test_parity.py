@@ -138,6 +138,11 @@ def test_last_token_logits_match_transformers(model):
         torch.testing.assert_close(row, hf_last_logits(hf, prompt), atol=1e-4, rtol=0)
 
 
+@pytest.mark.proves(
+    "chunked prefill", "LlamaForCausalLM", "GraniteForCausalLM", "Mamba2ForCausalLM", "BambaForCausalLM",
+    "GraniteMoeHybridForCausalLM", "JambaForCausalLM", "MambaForCausalLM", "FalconH1ForCausalLM",
+    "NemotronHForCausalLM", "Zamba2ForCausalLM",
+)
 def test_chunked_prefill_matches_transformers(model, hf_reference):
     """Token budgets that end exactly on Mamba chunks, exactly on attention pages, and inside both.
 
