@@ -32,6 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep tokens up to this "
                         "probability mass (default 1.0: all)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="keep generating past the end-of-sequence token, up to --max-tokens")
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens)
+                            max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
     llm = LLM(model, **engine_options(args))
     print_streams(llm.stream(prompts, params), prompts, sys.stdout)
     return 0
