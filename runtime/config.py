@@ -15,7 +15,7 @@ from runtime.cache.layout import CacheLayout, build_layout, resolve_block_size
 from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
 from runtime.models import resolve
-from runtime.models.interface import ModelDeclaration
+from runtime.models.interface import LayerKind, ModelDeclaration
 from runtime.options import option, parse_size
 
 logger = logging.getLogger("tandem")
@@ -147,7 +147,9 @@ class EngineConfig:
             state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
-        if self.enable_prefix_caching and mamba is not None and decl.mamba_chunk_size(cfg) is None:
+        # Mamba-1 has a state after every token; the other state layers only at chunk ends.
+        chunked = any(kind.has_state and kind is not LayerKind.MAMBA1 for kind in layers)
+        if self.enable_prefix_caching and chunked and decl.mamba_chunk_size(cfg) is None:
             raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
         block_size = resolve_block_size(
             attn_bytes_per_token=None if attn_shape is None else AttentionSpec(
