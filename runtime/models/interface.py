@@ -125,6 +125,8 @@ class ModelDeclaration:
     # "module:Class" of the torch implementation, or None while its forward pass has not landed.
     implementation: ClassVar[str | None] = None
     defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    # What `tandem plan` calls one stateful layer's per-sequence state.
+    state_name: ClassVar[str] = "mamba state"
 
     @classmethod
     def read_config(cls, raw: Mapping[str, Any]) -> HFConfig:
