@@ -161,3 +161,8 @@ def build_family_model(name: str, directory: Path, tokenizer_dir: Path, dtype=to
     for path in tokenizer_dir.iterdir():
         (directory / path.name).write_bytes(path.read_bytes())
     return model
+FAMILY_CONFIGS.update({
+    # Untied embeddings, a non-default mixer eps, and biases on the projections as well as the conv.
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
+        COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, mixer_rms_eps=1e-3, use_bias=True)),
+})

@@ -15,6 +15,7 @@ from runtime.models.interface import ModelDeclaration, validate_declaration
 REGISTRY: dict[str, str] = {
     "BambaForCausalLM": "runtime.models.bamba.declaration",
     "FalconH1ForCausalLM": "runtime.models.falcon_h1.declaration",
+    "FalconMambaForCausalLM": "runtime.models.falcon_mamba.declaration",
     "GraniteForCausalLM": "runtime.models.granite.declaration",
     "GraniteMoeHybridForCausalLM": "runtime.models.granitemoehybrid.declaration",
     "JambaForCausalLM": "runtime.models.jamba.declaration",
