@@ -138,11 +138,16 @@ FAMILY_CONFIGS = {
 }
 
 
+# Buffers that checkpoints carry and HF initialises to constants.
+RANDOM_BUFFERS = ("expert_bias",)
+
+
 def rerandomize(model, seed: int, scale: float = 0.2) -> None:
-    """Perturb every 1-D parameter, and every one whose rows are all equal, by scale x N(0, 1)."""
+    """Perturb every 1-D parameter, every one whose rows are all equal, and the RANDOM_BUFFERS, by scale x N(0, 1)."""
     generator = torch.Generator().manual_seed(seed + 1)
+    buffers = [b for name, b in model.named_buffers() if name.rsplit(".", 1)[-1] in RANDOM_BUFFERS]
     with torch.no_grad():
-        for param in model.parameters():
+        for param in [*model.parameters(), *buffers]:
             if param.ndim == 1 or bool((param == param[:1]).all()):
                 noise = torch.randn(param.shape, generator=generator).to(param.dtype)
                 param.add_(noise * scale)
@@ -165,4 +170,11 @@ FAMILY_CONFIGS.update({
     # Untied embeddings, a non-default mixer eps, and biases on the projections as well as the conv.
     "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
         COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, mixer_rms_eps=1e-3, use_bias=True)),
+})
+FAMILY_CONFIGS.update({
+    # Two dense layers then experts (sigmoid routing with a selection bias, renormalised and scaled).
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", dict(
+        COMMON, **ATTENTION, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+        num_dense_layers=1, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        routed_scaling_factor=1.5)),
 })

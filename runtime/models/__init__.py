@@ -20,6 +20,7 @@ REGISTRY: dict[str, str] = {
     "GraniteMoeHybridForCausalLM": "runtime.models.granitemoehybrid.declaration",
     "JambaForCausalLM": "runtime.models.jamba.declaration",
     "Lfm2ForCausalLM": "runtime.models.lfm2.declaration",
+    "Lfm2MoeForCausalLM": "runtime.models.lfm2_moe.declaration",
     "LlamaForCausalLM": "runtime.models.llama.declaration",
     "Mamba2ForCausalLM": "runtime.models.mamba2.declaration",
     "MambaForCausalLM": "runtime.models.mamba.declaration",

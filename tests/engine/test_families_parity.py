@@ -26,10 +26,11 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 MODELS = [
     pytest.param("lfm2", marks=pytest.mark.proves("Lfm2ForCausalLM", "engine")),
     pytest.param("lfm2_bias", marks=pytest.mark.proves("Lfm2ForCausalLM", "engine")),
+    pytest.param("lfm2_moe", marks=pytest.mark.proves("Lfm2MoeForCausalLM", "engine")),
     pytest.param("falcon_mamba", marks=pytest.mark.proves("FalconMambaForCausalLM", "engine")),
 ]
 # The same scheduling claims test_scheduling.py makes for the other models, on one variant per family.
-SCHEDULED = ["lfm2", "falcon_mamba"]
+SCHEDULED = ["lfm2", "lfm2_moe", "falcon_mamba"]
 BF16_INITIALIZER_RANGE = 0.125  # as in test_parity.py: the scale of a trained model's weights
 
 
@@ -117,7 +118,7 @@ def test_bfloat16_runs_and_stays_close_to_float32(name, family_checkpoint):
     assert torch.equal(got.argmax(-1)[kept], expected.argmax(-1)[kept]), name
 
 
-@pytest.mark.proves("chunked prefill", "Lfm2ForCausalLM", "FalconMambaForCausalLM")
+@pytest.mark.proves("chunked prefill", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "FalconMambaForCausalLM")
 @pytest.mark.parametrize("name", SCHEDULED)
 def test_chunked_prefill_matches_transformers(name, family_checkpoint):
     directory, hf = family_checkpoint(name)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,25 +39,25 @@ class Lfm2Attention(nn.Module):
 
 
 class Lfm2MLP(nn.Module):
-    def __init__(self, dims: Lfm2Dims):
+    def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.w1 = nn.Linear(dims.hidden_size, dims.intermediate_size, bias=False)
-        self.w3 = nn.Linear(dims.hidden_size, dims.intermediate_size, bias=False)
-        self.w2 = nn.Linear(dims.intermediate_size, dims.hidden_size, bias=False)
+        self.w1 = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.w3 = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.w2 = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Lfm2DecoderLayer(nn.Module):
-    def __init__(self, dims: Lfm2Dims, layer_idx: int):
+    def __init__(self, dims: Lfm2Dims, layer_idx: int, feed_forward: nn.Module):
         super().__init__()
         self.is_attention = dims.layers[layer_idx] is LayerKind.ATTENTION
         if self.is_attention:
             self.self_attn = Lfm2Attention(dims, layer_idx)
         else:
             self.conv = ShortConv(layer_idx, hidden_size=dims.hidden_size, width=dims.conv_width, bias=dims.conv_bias)
-        self.feed_forward = Lfm2MLP(dims)
+        self.feed_forward = feed_forward
         self.operator_norm = RMSNorm(dims.hidden_size, dims.norm_eps)
         self.ffn_norm = RMSNorm(dims.hidden_size, dims.norm_eps)
 
@@ -66,11 +67,15 @@ class Lfm2DecoderLayer(nn.Module):
         return hidden + self.feed_forward(self.ffn_norm(hidden))
 
 
+def dense_feed_forward(dims: Lfm2Dims, layer_idx: int) -> nn.Module:
+    return Lfm2MLP(dims.hidden_size, dims.intermediate_size)
+
+
 class Lfm2Model(nn.Module):
-    def __init__(self, dims: Lfm2Dims):
+    def __init__(self, dims: Lfm2Dims, feed_forward: Callable[[Lfm2Dims, int], nn.Module]):
         super().__init__()
         self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size)
-        self.layers = nn.ModuleList(Lfm2DecoderLayer(dims, i) for i in range(len(dims.layers)))
+        self.layers = nn.ModuleList(Lfm2DecoderLayer(dims, i, feed_forward(dims, i)) for i in range(len(dims.layers)))
         # HF names the final norm embedding_norm.
         self.embedding_norm = RMSNorm(dims.hidden_size, dims.norm_eps)
         # The default rope: RotaryEmbedding reads only rope_parameters from what it is given.
@@ -85,9 +90,10 @@ class Lfm2Model(nn.Module):
 
 
 class Lfm2ForCausalLM(CausalLM):
-    def __init__(self, dims: Lfm2Dims):
+    def __init__(self, dims: Lfm2Dims, feed_forward: Callable[[Lfm2Dims, int], nn.Module] = dense_feed_forward):
+        """feed_forward(dims, layer_idx) builds each layer's feed-forward block (LFM2-MoE: MLP or experts)."""
         super().__init__(dims)
-        self.model = Lfm2Model(dims)
+        self.model = Lfm2Model(dims, feed_forward)
         self.lm_head = nn.Linear(dims.hidden_size, dims.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
