@@ -25,7 +25,10 @@ REGISTRY: dict[str, str] = {
     "Mamba2ForCausalLM": "runtime.models.mamba2.declaration",
     "MambaForCausalLM": "runtime.models.mamba.declaration",
     "NemotronHForCausalLM": "runtime.models.nemotron_h.declaration",
+    "OlmoHybridForCausalLM": "runtime.models.olmo_hybrid.declaration",
     "Qwen3NextForCausalLM": "runtime.models.qwen3_next.declaration",
+    "Qwen3_5ForCausalLM": "runtime.models.qwen3_5.declaration",
+    "Qwen3_5MoeForCausalLM": "runtime.models.qwen3_5_moe.declaration",
     "Zamba2ForCausalLM": "runtime.models.zamba2.declaration",
 }
 
