@@ -95,6 +95,13 @@ def hf_config(config: EngineConfig) -> PretrainedConfig:
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
+def module_config(config: EngineConfig):
+    """What the torch module is built from: the declaration's frozen dims where it reads them from
+    config.json itself (`dims`), else transformers' config object."""
+    dims = getattr(config.declaration, "dims", None)
+    return dims(config.hf_config) if dims is not None else hf_config(config)
+
+
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     previous = torch.get_default_dtype()
@@ -109,7 +116,7 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     with default_dtype(DTYPES[config.model_dtype]), device:
-        model = cls(hf_config(config))
+        model = cls(module_config(config))
     model.tie_weights()
     load_weights(model, checkpoint_files(config.model_dir))
     return model.eval()

@@ -114,7 +114,8 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
                                "dtype": spec.dtype, "bytes_per_token": spec.bytes_per_token}
     if layout.mamba:
         spec = layout.mamba
-        report["mamba"] = {"shapes": [list(s) for s in spec.shapes], "dtypes": list(spec.dtypes),
+        report["mamba"] = {"name": config.declaration.state_name,
+                           "shapes": [list(s) for s in spec.shapes], "dtypes": list(spec.dtypes),
                            "page_size_bytes": spec.unpadded_page_size_bytes,
                            "chunk_size": config.declaration.mamba_chunk_size(config.hf_config),
                            "state_dtype": config.state_dtype.dtype, "state_dtype_from": config.state_dtype.reason}
@@ -187,7 +188,7 @@ def format_report(r: dict[str, Any]) -> str:
     if r["mamba"]:
         m = r["mamba"]
         states = " + ".join(f"{tuple(s)} {d}" for s, d in zip(m["shapes"], m["dtypes"]))
-        lines.append(f"mamba state    {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
+        lines.append(f"{m['name']:<14} {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
         lines.append(f"state dtype    {m['state_dtype']} ({m['state_dtype_from']})")
     lines.extend(_format_pages(r))
     return "\n".join(lines)
