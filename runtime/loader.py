@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoTokenizer
 
 from runtime.config import EngineConfig
 from runtime.models.causal_lm import CausalLM
@@ -89,10 +89,13 @@ def read_tensors(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]
         yield name, lambda tensor=tensor: tensor
 
 
-def hf_config(config: EngineConfig) -> PretrainedConfig:
-    """transformers' config object, built from our reading of config.json (any spelling we accept)."""
-    values = dict(config.hf_config)
-    return AutoConfig.for_model(values.pop("model_type"), **values)
+def model_config(config: EngineConfig) -> object:
+    """The declaration's frozen dims; architectures not yet moved to them get transformers' config object."""
+    try:
+        return config.dims
+    except NotImplementedError:
+        values = dict(config.hf_config)
+        return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
 @contextlib.contextmanager
@@ -109,7 +112,7 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     with default_dtype(DTYPES[config.model_dtype]), device:
-        model = cls(hf_config(config))
+        model = cls(model_config(config))
     model.tie_weights()
     load_weights(model, checkpoint_files(config.model_dir))
     return model.eval()

@@ -10,10 +10,10 @@ from runtime.models.backbone import BackboneForCausalLM, MixerBlock
 CONV_ACTIVATIONS = ("silu", "swish")
 
 
-def check_conv_activation(config: PretrainedConfig) -> None:
+def check_conv_activation(config: object) -> None:
     if config.hidden_act not in CONV_ACTIVATIONS:
         raise ValueError(
-            f"{type(config).__name__}: hidden_act={config.hidden_act!r} is not supported by the Mamba-1 conv; "
+            f"hidden_act={config.hidden_act!r} is not supported by the Mamba-1 conv; "
             f"Tandem runs {' or '.join(CONV_ACTIVATIONS)} (the value every published checkpoint uses)"
         )
 

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.dims import RopeDims, read_dims, read_rope
 from runtime.models.granitemoehybrid.declaration import layers_from_types
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import attention_shape, mamba2_state_shape
@@ -22,6 +24,37 @@ LEGACY_KEYS = {
     "lora_rank": "adapter_rank",
     "use_shared_attention_lora": "use_shared_attention_adapter",
 }
+
+
+@dataclass(frozen=True)
+class Zamba2Dims:
+    """Zamba2Config's defaults; the fields after `rope` are derived as Zamba2Config derives them."""
+
+    rope: RopeDims
+    hybrid_layer_ids: tuple[int, ...]
+    num_key_value_heads: int
+    intermediate_size: int
+    attention_hidden_size: int  # 2 x hidden: the shared block reads [hidden, original embedding]
+    attention_head_dim: int
+    mamba_headdim: int
+    vocab_size: int = 32000
+    hidden_size: int = 2560
+    num_hidden_layers: int = 54
+    num_attention_heads: int = 32
+    hidden_act: str = "gelu"
+    rms_norm_eps: float = 1e-5
+    add_bias_linear: bool = False
+    adapter_rank: int = 128
+    num_mem_blocks: int = 1
+    use_shared_attention_adapter: bool = False
+    use_mem_rope: bool = False
+    mamba_d_state: int = 64
+    mamba_d_conv: int = 4
+    mamba_expand: int = 2
+    mamba_ngroups: int = 1
+    n_mamba_heads: int = 8
+    time_step_min: float = 0.001
+    tie_word_embeddings: bool = True
 
 
 class Zamba2ForCausalLM(ModelDeclaration):
@@ -58,6 +91,20 @@ class Zamba2ForCausalLM(ModelDeclaration):
             d_inner = raw.get("mamba_expand", 2) * raw.get("hidden_size", cls.defaults["hidden_size"])
             raw["n_mamba_heads"] = d_inner // raw["mamba_headdim"]
         return raw
+
+    @classmethod
+    def dims(cls, cfg: HFConfig) -> Zamba2Dims:
+        hidden, heads = cfg.positive_int("hidden_size"), cfg.positive_int("num_attention_heads")
+        return read_dims(
+            Zamba2Dims, cfg,
+            rope=read_rope(cfg, 2 * hidden // heads),  # rotates whole heads of the doubled width
+            hybrid_layer_ids=tuple(i for i, kind in enumerate(cls.layout(cfg)) if kind is LayerKind.HYBRID),
+            num_key_value_heads=cfg.first("num_key_value_heads", default=heads),
+            intermediate_size=cfg.first("intermediate_size", default=4 * hidden),
+            attention_hidden_size=2 * hidden,
+            attention_head_dim=2 * hidden // heads,
+            mamba_headdim=cfg.positive_int("mamba_expand") * hidden // cfg.positive_int("n_mamba_heads"),
+        )
 
     @classmethod
     def layout(cls, cfg: HFConfig) -> tuple[LayerKind, ...]:
