@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from runtime.config import EngineConfig
+from runtime.dtypes import DTYPES
 from runtime.models.causal_lm import CausalLM
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # Buffers that older checkpoints saved and that HF and vLLM skip on load: we compute them.
@@ -89,15 +89,6 @@ def read_tensors(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]
         yield name, lambda tensor=tensor: tensor
 
 
-def model_config(config: EngineConfig) -> object:
-    """The declaration's frozen dims; architectures not yet moved to them get transformers' config object."""
-    try:
-        return config.dims
-    except NotImplementedError:
-        values = dict(config.hf_config)
-        return AutoConfig.for_model(values.pop("model_type"), **values)
-
-
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     previous = torch.get_default_dtype()
@@ -112,7 +103,7 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     with default_dtype(DTYPES[config.model_dtype]), device:
-        model = cls(model_config(config))
+        model = cls(config.dims)
     model.tie_weights()
     load_weights(model, checkpoint_files(config.model_dir))
     return model.eval()

@@ -22,6 +22,15 @@ def _frozen(value: Any) -> Any:
     return value
 
 
+def _check_type(cfg: HFConfig, name: str, annotation: str, value: Any) -> None:
+    if annotation == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError(f"{cfg.architecture}: {name} must be a non-negative integer, got {value!r}")
+    if annotation == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ConfigError(f"{cfg.architecture}: {name} must be a number, got {value!r}")
+    if annotation == "bool" and not isinstance(value, bool):
+        raise ConfigError(f"{cfg.architecture}: {name} must be true or false, got {value!r}")
+
+
 def read_dims(cls: type[D], cfg: HFConfig, **derived: Any) -> D:
     """cls filled from cfg: a key absent or null takes the field's default; `derived` wins over both."""
     values = {}
@@ -30,6 +39,7 @@ def read_dims(cls: type[D], cfg: HFConfig, **derived: Any) -> D:
             values[field.name] = derived[field.name]
         elif cfg.first(field.name) is not None:
             values[field.name] = _frozen(cfg[field.name])
+            _check_type(cfg, field.name, str(field.type), values[field.name])
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{cfg.architecture}: config.json has no {field.name!r}")
     return cls(**values)

@@ -7,7 +7,7 @@ from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
-from runtime.models.shapes import attention_shape, mamba2_state_shape
+from runtime.models.shapes import kv_shape, mamba2_state_shape
 
 # transformers' BambaConfig defaults for the fields the declaration reads.
 MAMBA2_HYBRID_DEFAULTS = {
@@ -87,7 +87,8 @@ class BambaForCausalLM(ModelDeclaration):
 
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
-        return attention_shape(cfg, tp)
+        dims = cls.dims(cfg)
+        return kv_shape(cls.architecture, dims.num_attention_heads, dims.num_key_value_heads, dims.head_dim, tp)
 
     @classmethod
     def mamba_inner_size(cls, cfg: HFConfig) -> int:
@@ -95,19 +96,15 @@ class BambaForCausalLM(ModelDeclaration):
 
     @classmethod
     def mamba_state_shape(cls, cfg: HFConfig, tp: int) -> tuple[tuple[int, ...], ...]:
-        d_inner = cls.mamba_inner_size(cfg)
-        heads = cfg.positive_int("mamba_n_heads")
-        head_dim = cfg.mamba_d_head
-        if head_dim == "auto":
-            head_dim = d_inner // heads
+        dims = cls.dims(cfg)
         return mamba2_state_shape(
             cls.architecture,
-            d_inner=d_inner,
-            n_heads=heads,
-            head_dim=head_dim,
-            n_groups=cfg.positive_int("mamba_n_groups"),
-            d_state=cfg.positive_int("mamba_d_state"),
-            d_conv=cfg.positive_int("mamba_d_conv"),
+            d_inner=cls.mamba_inner_size(cfg),
+            n_heads=dims.mamba_n_heads,
+            head_dim=dims.mamba_d_head,
+            n_groups=dims.mamba_n_groups,
+            d_state=dims.mamba_d_state,
+            d_conv=dims.mamba_d_conv,
             tp=tp,
         )
 

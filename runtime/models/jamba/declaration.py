@@ -7,7 +7,7 @@ from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
-from runtime.models.shapes import attention_shape, mamba1_state_shape
+from runtime.models.shapes import kv_shape, mamba1_state_shape
 
 
 @dataclass(frozen=True)
@@ -78,14 +78,11 @@ class JambaForCausalLM(ModelDeclaration):
 
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
-        return attention_shape(cfg, tp)
+        dims = cls.dims(cfg)
+        return kv_shape(cls.architecture, dims.num_attention_heads, dims.num_key_value_heads, dims.head_dim, tp)
 
     @classmethod
     def mamba_state_shape(cls, cfg: HFConfig, tp: int) -> tuple[tuple[int, ...], ...]:
-        return mamba1_state_shape(
-            cls.architecture,
-            d_inner=cfg.positive_int("mamba_expand") * cfg.positive_int("hidden_size"),
-            d_state=cfg.positive_int("mamba_d_state"),
-            d_conv=cfg.positive_int("mamba_d_conv"),
-            tp=tp,
-        )
+        dims = cls.dims(cfg)
+        return mamba1_state_shape(cls.architecture, d_inner=dims.mamba_expand * dims.hidden_size,
+                                  d_state=dims.mamba_d_state, d_conv=dims.mamba_d_conv, tp=tp)

@@ -6,7 +6,7 @@ from runtime.hf_config import HFConfig
 from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
-from runtime.models.shapes import attention_shape
+from runtime.models.shapes import kv_shape
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class LlamaForCausalLM(ModelDeclaration):
 
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
-        return attention_shape(cfg, tp)
+        dims = cls.dims(cfg)
+        return kv_shape(cls.architecture, dims.num_attention_heads, dims.num_key_value_heads, dims.head_dim, tp)
 
     @classmethod
     def dims(cls, cfg: HFConfig) -> LlamaDims:

@@ -8,7 +8,7 @@ from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.dims import RopeDims, read_dims, read_rope
 from runtime.models.granitemoehybrid.declaration import layers_from_types
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
-from runtime.models.shapes import attention_shape, mamba2_state_shape
+from runtime.models.shapes import kv_shape, mamba2_state_shape
 
 LAYER_TYPES = {
     "mamba": LayerKind.MAMBA2,
@@ -115,21 +115,21 @@ class Zamba2ForCausalLM(ModelDeclaration):
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
         # The shared block attends over [hidden, embedding], twice the hidden width.
-        head_size = 2 * cfg.positive_int("hidden_size") // cfg.positive_int("num_attention_heads")
-        return attention_shape(cfg, tp, head_size=head_size)
+        dims = cls.dims(cfg)
+        return kv_shape(cls.architecture, dims.num_attention_heads, dims.num_key_value_heads,
+                        dims.attention_head_dim, tp)
 
     @classmethod
     def mamba_state_shape(cls, cfg: HFConfig, tp: int) -> tuple[tuple[int, ...], ...]:
-        d_inner = cfg.positive_int("mamba_expand") * cfg.positive_int("hidden_size")
-        heads = cfg.positive_int("n_mamba_heads")
+        dims = cls.dims(cfg)
         return mamba2_state_shape(
             cls.architecture,
-            d_inner=d_inner,
-            n_heads=heads,
-            head_dim=d_inner // heads,
-            n_groups=cfg.positive_int("mamba_ngroups"),
-            d_state=cfg.positive_int("mamba_d_state"),
-            d_conv=cfg.positive_int("mamba_d_conv"),
+            d_inner=dims.mamba_expand * dims.hidden_size,
+            n_heads=dims.n_mamba_heads,
+            head_dim=dims.mamba_headdim,
+            n_groups=dims.mamba_ngroups,
+            d_state=dims.mamba_d_state,
+            d_conv=dims.mamba_d_conv,
             tp=tp,
         )
 
