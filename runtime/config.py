@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from runtime.cache.layout import CacheLayout, build_layout, resolve_block_size
 from runtime.cache.spec import AttentionSpec, MambaSpec
@@ -93,6 +94,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    @cached_property
+    def dims(self) -> Any:
+        """The model's frozen dimensions, read once; the loader builds the torch modules from them."""
+        return self.declaration.dims(self.hf_config)
 
     def _check_max_model_len(self) -> None:
         limit = self.hf_config.first("max_position_embeddings", "n_positions")

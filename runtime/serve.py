@@ -88,15 +88,14 @@ def run(args: argparse.Namespace) -> int:
 
 def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str):
     # Imported here: the server needs torch and FastAPI, and `tandem plan` needs neither.
-    from transformers import AutoTokenizer
-
     from runtime.engine import Engine
+    from runtime.loader import load_tokenizer
     from runtime.server.app import GracefulServer, build_app
     from runtime.server.async_engine import AsyncEngine
     from runtime.server.state import ServerState
 
     engine = Engine(config)
-    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    tokenizer = load_tokenizer(config)
     if args.chat_template is not None:
         tokenizer.chat_template = args.chat_template.read_text(encoding="utf-8")
     state = ServerState(
