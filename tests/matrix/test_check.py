@@ -63,9 +63,9 @@ FAMILY_ROW = "| Decoder-only attention | Granite, Llama |"
         (
             [LlamaForCausalLM],
             [GraniteForCausalLM],
-            f"{FAMILY_ROW} 🚧 WIP | supported: Llama; planned: Granite<br>Granite: Not yet. |",
+            f"{FAMILY_ROW} 🟡 WIP | supported: Llama; planned: Granite<br>Granite: Not yet. |",
         ),
-        ([], [LlamaForCausalLM, GraniteForCausalLM], f"{FAMILY_ROW} 🟡 Planned | Not yet. |"),
+        ([], [LlamaForCausalLM, GraniteForCausalLM], f"{FAMILY_ROW} 🚧 Planned | Not yet. |"),
     ],
 )
 def test_family_status_follows_the_engine_status(cli, root, monkeypatch, supported_models, planned_models,
