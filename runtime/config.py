@@ -45,6 +45,8 @@ class EngineConfig:
     seed: int = 0
     device: str = "auto"
     kernel_backend: str = "auto"
+    # As vLLM: a request asking for more top log-probabilities per token than this is refused.
+    max_logprobs: int = 20
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
