@@ -79,7 +79,7 @@ def build_app(state: ServerState, enable_openapi: bool = False) -> FastAPI:
     app.state.server = state
     install_error_handlers(app)
     app.include_router(router)
-    app.add_middleware(Guard, state=state)
+    app.add_middleware(Guard, state=state, paths=frozenset(route.path for route in router.routes))
     return app
 
 

@@ -19,8 +19,10 @@ class TooLarge(HTTPException):
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, state: ServerState):
-        self.app, self.state = app, state
+    def __init__(self, app: ASGIApp, state: ServerState, paths: frozenset[str]):
+        # `paths`: the app's routes, to label refused requests in the metrics by route, never by a raw path
+        # (that is the client's choice, and a label per random path would grow without bound).
+        self.app, self.state, self.paths = app, state, paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,8 +41,7 @@ class Guard:
                 return await refusal(scope, receive, counting_send)
             await self.app(scope, self._limited(receive), counting_send)
         finally:
-            route = scope.get("route")
-            handler = getattr(route, "path", None) or "unmatched"  # never the raw path: it is the client's choice
+            handler = scope["path"] if scope["path"] in self.paths else "unmatched"
             self.state.http_responses[(scope["method"], handler, status)] += 1
 
     def _refusal(self, scope: Scope):
