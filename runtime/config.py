@@ -69,6 +69,9 @@ class EngineConfig:
         "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
     kernel_backend: str = field(default="auto", metadata=option(
         "triton kernels on CUDA, the torch references elsewhere (auto), or force one", choices=KERNEL_BACKENDS))
+    # As vLLM: a request asking for more top log-probabilities per token than this is refused.
+    max_logprobs: int = field(default=20, metadata=option(
+        "top log-probabilities per token a request may ask for at most", metavar="N"))
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
