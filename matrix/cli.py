@@ -77,7 +77,9 @@ def run_check(args: argparse.Namespace) -> int:
     if proofs.failures:
         print(f"{len(proofs.failures)} supported or partial cell(s) with no proving test; see docs/contributing.md")
     if not files and not proofs.failures:
-        print(f"docs are up to date: {len(IDS)} generated regions, {len(results)} markdown files checked; "
+        pictures = sum(not r.doc.display.endswith(".md") for r in results)
+        print(f"docs are up to date: {len(IDS)} generated regions, {len(results) - pictures} markdown files and "
+              f"{pictures} diagrams checked; "
               f"{proofs.num_proven} supported or partial cells proven by {proofs.num_tests} tests")
     for warning in proofs.warnings:
         print(warning)
