@@ -15,7 +15,7 @@ from runtime.cache.layout import CacheLayout, build_layout, resolve_block_size
 from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
 from runtime.models import resolve
-from runtime.models.interface import ModelDeclaration
+from runtime.models.interface import LayerKind, ModelDeclaration
 from runtime.options import option, parse_size
 
 logger = logging.getLogger("tandem")
@@ -27,6 +27,12 @@ DEFAULT_BATCHED_TOKENS = 2048
 # "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class StateDtype:
+    dtype: str
+    reason: str  # what chose it, as `tandem plan` prints it
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ class EngineConfig:
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)
         object.__setattr__(self, "hf_config", declaration.read_config(raw))
+        self._check_max_model_len()
         object.__setattr__(self, "cache", self._resolve_cache())
 
     def _check_positive(self) -> None:
@@ -88,6 +95,14 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    def _check_max_model_len(self) -> None:
+        limit = self.hf_config.first("max_position_embeddings", "n_positions")
+        if self.max_model_len is not None and limit is not None and self.max_model_len > limit:
+            raise ConfigError(
+                f"max_model_len={self.max_model_len} is more than the model was built for "
+                f"(max_position_embeddings={limit} in config.json); pass max_model_len={limit} or less"
+            )
 
     @cached_property
     def derived_max_model_len(self) -> int:
@@ -108,8 +123,17 @@ class EngineConfig:
         return self.hf_config.dtype if self.dtype == "auto" else canonical_dtype(self.dtype)
 
     @cached_property
-    def ssm_dtype(self) -> str | None:
-        return None if self.mamba_ssm_dtype == "auto" else canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype")
+    def state_dtype(self) -> StateDtype:
+        """The recurrent (SSM) state's dtype and why: the option, config.json, the model's default, its dtype."""
+        if self.mamba_ssm_dtype != "auto":
+            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype"), "set by --mamba-ssm-dtype / mamba_ssm_dtype")
+        asked = self.hf_config.first("mamba_ssm_cache_dtype")
+        if asked not in (None, "auto"):
+            return StateDtype(canonical_dtype(asked, "mamba_ssm_cache_dtype in config.json"),
+                              "asked for by mamba_ssm_cache_dtype in config.json")
+        if self.declaration.default_ssm_dtype is not None:
+            return StateDtype(self.declaration.default_ssm_dtype, f"the {self.declaration.model_name} default, as in vLLM")
+        return StateDtype(self.model_dtype, "the model dtype")
 
     @property
     def model_dir(self) -> Path:
@@ -122,10 +146,12 @@ class EngineConfig:
         assert set(layers) <= decl.layer_kinds, f"{decl.__name__}.layout gave undeclared layer kinds"
         attention = mamba = None
         if any(kind.has_state for kind in layers):
-            state = decl.mamba_state(cfg, tp, self.model_dtype, self.ssm_dtype)
+            state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
-        if self.enable_prefix_caching and mamba is not None and decl.mamba_chunk_size(cfg) is None:
+        # Mamba-1 has a state after every token; the other state layers only at chunk ends.
+        chunked = any(kind.has_state and kind is not LayerKind.MAMBA1 for kind in layers)
+        if self.enable_prefix_caching and chunked and decl.mamba_chunk_size(cfg) is None:
             raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
         block_size = resolve_block_size(
             attn_bytes_per_token=None if attn_shape is None else AttentionSpec(

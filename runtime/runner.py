@@ -84,6 +84,12 @@ class ModelRunner:
             hidden = self.model(step.input_ids, step.positions)
         return step.sample_seqs, self.model.compute_logits(hidden[step.logits_indices])
 
+    @torch.inference_mode()
+    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole page ids (every slab of the group), in order: a later copy may read an earlier one's target."""
+        for source, destination in copies:
+            self.pool[destination].copy_(self.pool[source])
+
     def prepare(self, batch: Batch) -> StepInputs:
         order = sorted(range(len(batch.seqs)), key=lambda i: not _is_decode(batch.seqs[i], batch.num_new_tokens[i]))
         seqs = [batch.seqs[i] for i in order]

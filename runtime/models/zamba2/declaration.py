@@ -18,6 +18,9 @@ LEGACY_KEYS = {
     "state_size": "mamba_d_state",
     "conv_dimension": "mamba_d_conv",
     "expansion_factor": "mamba_expand",
+    "ffn_hidden_size": "intermediate_size",
+    "lora_rank": "adapter_rank",
+    "use_shared_attention_lora": "use_shared_attention_adapter",
 }
 
 
@@ -28,7 +31,7 @@ class Zamba2ForCausalLM(ModelDeclaration):
     model_name = "Zamba2"
     example_models = ("Zyphra/Zamba2-1.2B", "Zyphra/Zamba2-2.7B-Instruct-v2")
     layer_kinds = frozenset({LayerKind.MAMBA2, LayerKind.HYBRID})
-    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported())
     implementation = "runtime.models.zamba2.model:Zamba2ForCausalLM"
     defaults = {
         "hidden_size": 2560,
