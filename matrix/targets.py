@@ -33,6 +33,7 @@ TARGETS = (
     Target("plan-example", "plan_example.md.j2",
            configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",
                                 "--kv-cache-memory", "8GiB", "--max-model-len", "4096")).collect),
+    Target("runtime-models", "runtime_models.md.j2", collect.runtime_models),
     Target("engine-options", "engine_options.md.j2", options_table.engine_options),
     Target("plan-prefix-caching", "plan_example.md.j2",
            configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",
