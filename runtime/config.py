@@ -158,8 +158,8 @@ class EngineConfig:
             state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
-        # Mamba-1 has a state after every token; the other state layers only at chunk ends.
-        chunked = any(kind.has_state and kind is not LayerKind.MAMBA1 for kind in layers)
+        # Mamba-1 and short convolutions have a state after every token; the other state layers only at chunk ends.
+        chunked = any(kind.has_state and kind not in (LayerKind.MAMBA1, LayerKind.SHORT_CONV) for kind in layers)
         if self.enable_prefix_caching and chunked and decl.mamba_chunk_size(cfg) is None:
             raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
         block_size = resolve_block_size(

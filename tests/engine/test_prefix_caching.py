@@ -9,6 +9,7 @@ the shared part, so a model with state resumes only where the cache chose to sna
 import random
 
 import pytest
+from tiny_models import FAMILY_CONFIGS, build_family_model
 
 from runtime import LLM, SamplingParams
 
@@ -27,8 +28,15 @@ VOCAB = 320  # tests/tiny_models.py
     pytest.param("falcon_h1", marks=pytest.mark.proves("FalconH1ForCausalLM", "prefix caching")),
     pytest.param("nemotron_h", marks=pytest.mark.proves("NemotronHForCausalLM", "prefix caching")),
     pytest.param("zamba2", marks=pytest.mark.proves("Zamba2ForCausalLM", "prefix caching")),
+    pytest.param("lfm2", marks=pytest.mark.proves("Lfm2ForCausalLM", "prefix caching")),
+    pytest.param("lfm2_moe", marks=pytest.mark.proves("Lfm2MoeForCausalLM", "prefix caching")),
+    pytest.param("falcon_mamba", marks=pytest.mark.proves("FalconMambaForCausalLM", "prefix caching")),
 ])
-def checkpoint(request, tiny_checkpoint):
+def checkpoint(request, tiny_checkpoint, tmp_path_factory, tokenizer_dir):
+    if request.param in FAMILY_CONFIGS:
+        directory = tmp_path_factory.mktemp(request.param)
+        build_family_model(request.param, directory, tokenizer_dir)
+        return directory
     return tiny_checkpoint(request.param)[0]
 
 
