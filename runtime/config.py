@@ -6,6 +6,7 @@ Nothing reads a block size from anywhere but `EngineConfig.cache`.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -15,6 +16,7 @@ from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
 from runtime.models import resolve
 from runtime.models.interface import ModelDeclaration
+from runtime.options import option, parse_size
 
 logger = logging.getLogger("tandem")
 
@@ -24,27 +26,48 @@ DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_BATCHED_TOKENS = 2048
 # "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
 KERNEL_BACKENDS = ("auto", "torch", "triton")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class StateDtype:
+    dtype: str
+    reason: str  # what chose it, as `tandem plan` prints it
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    block_size: int | None = None
-    enable_prefix_caching: bool = False
-    mamba_ssm_dtype: str = "auto"
-    max_model_len: int | None = None
+    dtype: str = field(default="auto", metadata=option(
+        "model dtype: auto (config.json's; float32 when it names none), float32, bfloat16 or float16"))
+    tensor_parallel_size: int = field(default=1, metadata=option(
+        "tensor-parallel size: the cache shapes per rank", aliases=("--tp",), metavar="N"))
+    block_size: int | None = field(default=None, metadata=option(
+        "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N"))
+    enable_prefix_caching: bool = field(default=False, metadata=option(
+        "reuse the cache of shared prompt prefixes (aligns blocks to the Mamba chunk size)"))
+    mamba_ssm_dtype: str = field(default="auto", metadata=option(
+        "SSM state dtype: auto (the model dtype) or a wider one, e.g. float32", metavar="DTYPE"))
+    max_model_len: int | None = field(default=None, metadata=option(
+        "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N"))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    kv_cache_memory_bytes: int | None = None
-    num_pages: int | None = None
-    seed: int = 0
-    device: str = "auto"
-    kernel_backend: str = "auto"
+    max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))
+    max_num_batched_tokens: int | None = field(default=None, metadata=option(
+        "tokens computed per step at most (default: 2048 with chunked prefill, else max_model_len)", metavar="N"))
+    enable_chunked_prefill: bool = field(default=True, metadata=option(
+        "split long prompts over several steps"))
+    kv_cache_memory_bytes: int | None = field(default=None, metadata=option(
+        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory less 10%% of its total)",
+        flag="--kv-cache-memory", hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
+    num_pages: int | None = field(default=None, metadata=option(
+        "give the page pool's size in pages instead of bytes", metavar="N"))
+    seed: int = field(default=0, metadata=option("seed for requests that sample without their own", type=int,
+                                                 metavar="N"))
+    device: str = field(default="auto", metadata=option(
+        "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
+    kernel_backend: str = field(default="auto", metadata=option(
+        "triton kernels on CUDA, the torch references elsewhere (auto), or force one", choices=KERNEL_BACKENDS))
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
@@ -55,10 +78,13 @@ class EngineConfig:
         if self.kernel_backend not in KERNEL_BACKENDS:
             choices = ", ".join(KERNEL_BACKENDS)
             raise ConfigError(f"kernel_backend must be one of {choices}, got {self.kernel_backend!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         raw = load_raw_config(self.model)
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)
         object.__setattr__(self, "hf_config", declaration.read_config(raw))
+        self._check_max_model_len()
         object.__setattr__(self, "cache", self._resolve_cache())
 
     def _check_positive(self) -> None:
@@ -67,6 +93,14 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    def _check_max_model_len(self) -> None:
+        limit = self.hf_config.first("max_position_embeddings", "n_positions")
+        if self.max_model_len is not None and limit is not None and self.max_model_len > limit:
+            raise ConfigError(
+                f"max_model_len={self.max_model_len} is more than the model was built for "
+                f"(max_position_embeddings={limit} in config.json); pass max_model_len={limit} or less"
+            )
 
     @cached_property
     def derived_max_model_len(self) -> int:
@@ -87,8 +121,17 @@ class EngineConfig:
         return self.hf_config.dtype if self.dtype == "auto" else canonical_dtype(self.dtype)
 
     @cached_property
-    def ssm_dtype(self) -> str | None:
-        return None if self.mamba_ssm_dtype == "auto" else canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype")
+    def state_dtype(self) -> StateDtype:
+        """The recurrent (SSM) state's dtype and why: the option, config.json, the model's default, its dtype."""
+        if self.mamba_ssm_dtype != "auto":
+            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype"), "set by --mamba-ssm-dtype / mamba_ssm_dtype")
+        asked = self.hf_config.first("mamba_ssm_cache_dtype")
+        if asked not in (None, "auto"):
+            return StateDtype(canonical_dtype(asked, "mamba_ssm_cache_dtype in config.json"),
+                              "asked for by mamba_ssm_cache_dtype in config.json")
+        if self.declaration.default_ssm_dtype is not None:
+            return StateDtype(self.declaration.default_ssm_dtype, f"the {self.declaration.model_name} default, as in vLLM")
+        return StateDtype(self.model_dtype, "the model dtype")
 
     @property
     def model_dir(self) -> Path:
@@ -101,7 +144,7 @@ class EngineConfig:
         assert set(layers) <= decl.layer_kinds, f"{decl.__name__}.layout gave undeclared layer kinds"
         attention = mamba = None
         if any(kind.has_state for kind in layers):
-            state = decl.mamba_state(cfg, tp, self.model_dtype, self.ssm_dtype)
+            state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
         if self.enable_prefix_caching and mamba is not None and decl.mamba_chunk_size(cfg) is None:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from runtime.cache.manager import CacheManager
 from runtime.config import EngineConfig
+from runtime.loader import load_tokenizer
 from runtime.models.interface import Feature, Status
 from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.runner import ModelRunner
@@ -74,7 +74,7 @@ class Engine:
     def __init__(self, config: EngineConfig):
         check_capabilities(config)
         self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(config)
         self.cache = CacheManager(config.cache, self.runner.num_pages)
@@ -102,10 +102,12 @@ class Engine:
         blocks = (self.cache.num_pages - layout.num_state_groups) // max(1, layout.num_attention_groups)
         fits = blocks * (layout.block_size or 0)
         if self.config.max_model_len is not None or fits < 1:
+            # A pool too small for even one block of every layer has no max_model_len to suggest.
+            lower = f", or lower max_model_len to {fits} or less" if fits >= 1 else ""
             raise ValueError(
                 f"the page pool ({self.cache.num_pages} pages) cannot hold one sequence of max_model_len={wanted} "
                 f"tokens (it needs {layout.pages_per_sequence(wanted)} pages); raise kv_cache_memory_bytes or "
-                f"num_pages, or lower max_model_len to {fits} or less"
+                f"num_pages{lower}"
             )
         logger.warning("max_model_len lowered from %d to %d tokens to fit the page pool", wanted, fits)
         return fits

@@ -32,6 +32,9 @@ def compile_pays(layout: CacheLayout) -> bool:
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # Checked before anything global (the kernel binding) changes, so a failed engine leaves others intact.
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: no CUDA device is available here; use --device cpu (or auto)")
     return torch.device(name)
 
 

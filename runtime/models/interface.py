@@ -125,6 +125,9 @@ class ModelDeclaration:
     # "module:Class" of the torch implementation, or None while its forward pass has not landed.
     implementation: ClassVar[str | None] = None
     defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    # The SSM state dtype when neither the user nor config.json (`mamba_ssm_cache_dtype`) names one;
+    # None keeps the model dtype.
+    default_ssm_dtype: ClassVar[str | None] = None
     # What `tandem plan` calls one stateful layer's per-sequence state.
     state_name: ClassVar[str] = "mamba state"
 

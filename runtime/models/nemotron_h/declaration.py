@@ -28,6 +28,9 @@ class NemotronHForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA2, LayerKind.MLP})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
     implementation = "runtime.models.nemotron_h.model:NemotronHForCausalLM"
+    # vLLM keeps Nemotron-H's SSM state in float32 unless told otherwise ("only float32 is known to
+    # have no accuracy issues"); NVIDIA's newer configs say so with mamba_ssm_cache_dtype.
+    default_ssm_dtype = "float32"
     defaults = {
         "hidden_size": 4096,
         "num_attention_heads": 32,

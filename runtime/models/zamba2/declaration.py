@@ -18,6 +18,9 @@ LEGACY_KEYS = {
     "state_size": "mamba_d_state",
     "conv_dimension": "mamba_d_conv",
     "expansion_factor": "mamba_expand",
+    "ffn_hidden_size": "intermediate_size",
+    "lora_rank": "adapter_rank",
+    "use_shared_attention_lora": "use_shared_attention_adapter",
 }
 
 
