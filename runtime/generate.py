@@ -16,10 +16,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="complete prompts (default model: the one shipped with Tandem)",
         description="Complete one or more prompts and print each prompt with its completion, token by token "
-                    "as it is generated. The first argument is the model when it is a directory or a Hugging Face id (default: "
-                    "the small model shipped with Tandem). `-` as the prompt, or no prompt with a pipe on "
-                    "stdin, reads the prompts from stdin, one per line. Ctrl-C stops and keeps what was "
-                    "printed.",
+                    "as it is generated. The first argument is the model when it is a directory or a Hugging "
+                    "Face id (default: the small model shipped with Tandem). `-` as the prompt, or no prompt "
+                    "with a pipe on stdin, reads the prompts from stdin, one per line. Ctrl-C stops and keeps "
+                    "what was printed.",
         epilog=examples(
             'tandem generate "The page pool"',
             'tandem generate runtime/default_model "The page pool" "Mamba layers keep" --max-tokens 16',
