@@ -32,7 +32,7 @@ TARGETS = (
     Target("cache-layout", "cache_layout.md.j2", configs.cache_layout),
     Target("plan-example", "plan_example.md.j2",
            configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",
-                                "--memory", "8GiB", "--max-model-len", "4096")).collect),
+                                "--kv-cache-memory", "8GiB", "--max-model-len", "4096")).collect),
     Target("plan-prefix-caching", "plan_example.md.j2",
            configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",
                                 "--enable-prefix-caching")).collect),

@@ -6,6 +6,7 @@ Nothing reads a block size from anywhere but `EngineConfig.cache`.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -15,7 +16,8 @@ from runtime.cache.layout import CacheLayout, build_layout, resolve_block_size
 from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
 from runtime.models import resolve
-from runtime.models.interface import ModelDeclaration
+from runtime.models.interface import LayerKind, ModelDeclaration
+from runtime.options import option, parse_size
 
 logger = logging.getLogger("tandem")
 
@@ -25,6 +27,7 @@ DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_BATCHED_TOKENS = 2048
 # "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
 KERNEL_BACKENDS = ("auto", "torch", "triton")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -36,22 +39,36 @@ class StateDtype:
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    block_size: int | None = None
-    enable_prefix_caching: bool = False
-    mamba_ssm_dtype: str = "auto"
-    max_model_len: int | None = None
+    dtype: str = field(default="auto", metadata=option(
+        "model dtype: auto (config.json's; float32 when it names none), float32, bfloat16 or float16"))
+    tensor_parallel_size: int = field(default=1, metadata=option(
+        "tensor-parallel size: the cache shapes per rank", aliases=("--tp",), metavar="N"))
+    block_size: int | None = field(default=None, metadata=option(
+        "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N"))
+    enable_prefix_caching: bool = field(default=False, metadata=option(
+        "reuse the cache of shared prompt prefixes (aligns blocks to the Mamba chunk size)"))
+    mamba_ssm_dtype: str = field(default="auto", metadata=option(
+        "SSM state dtype: auto (the model dtype) or a wider one, e.g. float32", metavar="DTYPE"))
+    max_model_len: int | None = field(default=None, metadata=option(
+        "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N"))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    kv_cache_memory_bytes: int | None = None
-    num_pages: int | None = None
-    seed: int = 0
-    device: str = "auto"
-    kernel_backend: str = "auto"
+    max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))
+    max_num_batched_tokens: int | None = field(default=None, metadata=option(
+        "tokens computed per step at most (default: 2048 with chunked prefill, else max_model_len)", metavar="N"))
+    enable_chunked_prefill: bool = field(default=True, metadata=option(
+        "split long prompts over several steps"))
+    kv_cache_memory_bytes: int | None = field(default=None, metadata=option(
+        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory less 10%% of its total)",
+        flag="--kv-cache-memory", hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
+    num_pages: int | None = field(default=None, metadata=option(
+        "give the page pool's size in pages instead of bytes", metavar="N"))
+    seed: int = field(default=0, metadata=option("seed for requests that sample without their own", type=int,
+                                                 metavar="N"))
+    device: str = field(default="auto", metadata=option(
+        "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
+    kernel_backend: str = field(default="auto", metadata=option(
+        "triton kernels on CUDA, the torch references elsewhere (auto), or force one", choices=KERNEL_BACKENDS))
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
@@ -62,6 +79,8 @@ class EngineConfig:
         if self.kernel_backend not in KERNEL_BACKENDS:
             choices = ", ".join(KERNEL_BACKENDS)
             raise ConfigError(f"kernel_backend must be one of {choices}, got {self.kernel_backend!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         raw = load_raw_config(self.model)
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)
@@ -134,7 +153,9 @@ class EngineConfig:
             state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
-        if self.enable_prefix_caching and mamba is not None and decl.mamba_chunk_size(cfg) is None:
+        # Mamba-1 has a state after every token; the other state layers only at chunk ends.
+        chunked = any(kind.has_state and kind is not LayerKind.MAMBA1 for kind in layers)
+        if self.enable_prefix_caching and chunked and decl.mamba_chunk_size(cfg) is None:
             raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
         block_size = resolve_block_size(
             attn_bytes_per_token=None if attn_shape is None else AttentionSpec(

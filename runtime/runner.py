@@ -32,6 +32,9 @@ def compile_pays(layout: CacheLayout) -> bool:
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # Checked before anything global (the kernel binding) changes, so a failed engine leaves others intact.
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: no CUDA device is available here; use --device cpu (or auto)")
     return torch.device(name)
 
 
@@ -80,6 +83,12 @@ class ModelRunner:
         with forward_context(step.context):
             hidden = self.model(step.input_ids, step.positions)
         return step.sample_seqs, self.model.compute_logits(hidden[step.logits_indices])
+
+    @torch.inference_mode()
+    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole page ids (every slab of the group), in order: a later copy may read an earlier one's target."""
+        for source, destination in copies:
+            self.pool[destination].copy_(self.pool[source])
 
     def prepare(self, batch: Batch) -> StepInputs:
         order = sorted(range(len(batch.seqs)), key=lambda i: not _is_decode(batch.seqs[i], batch.num_new_tokens[i]))

@@ -39,7 +39,8 @@ class Sampler:
         generators: list[torch.Generator | None],
         banned_token_ids: list[list[int]],
     ) -> SamplerOutput:
-        logits = logits.float()
+        # A copy: the runner's logits are inference tensors, which banning tokens must not write into.
+        logits = logits.to(torch.float32, copy=True)
         for row, banned in enumerate(banned_token_ids):
             if banned:
                 logits[row, banned] = float("-inf")

@@ -128,6 +128,8 @@ class ModelDeclaration:
     # The SSM state dtype when neither the user nor config.json (`mamba_ssm_cache_dtype`) names one;
     # None keeps the model dtype.
     default_ssm_dtype: ClassVar[str | None] = None
+    # What `tandem plan` calls one stateful layer's per-sequence state.
+    state_name: ClassVar[str] = "mamba state"
 
     @classmethod
     def read_config(cls, raw: Mapping[str, Any]) -> HFConfig:

@@ -20,6 +20,9 @@ class EngineStats:
     finished: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
     failed: int = 0
+    # Prompt tokens looked up in the prefix cache, and found there (vLLM's counters, in tokens).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 def _escape(value: str) -> str:
@@ -38,6 +41,9 @@ def render(stats: EngineStats, model_name: str) -> str:
         ("requests_rejected_total", "counter", "Requests refused with 503: the waiting queue was full.",
          stats.rejected),
         ("requests_failed_total", "counter", "Requests failed by an error inside the engine.", stats.failed),
+        ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+         stats.prefix_cache_queries),
+        ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
     ]
     lines: list[str] = []
     for name, kind, help_text, value in single:

@@ -60,10 +60,10 @@ def test_a_changed_declaration_fails_the_check_until_render(cli, root, monkeypat
         (
             [LlamaForCausalLM],
             [GraniteForCausalLM],
-            "| Decoder-only attention | Granite, Llama | 🚧 WIP | supported: Llama; planned: Granite<br>"
+            "| Decoder-only attention | Granite, Llama | 🟡 WIP | supported: Llama; planned: Granite<br>"
             "Granite: Not yet. |",
         ),
-        ([], [LlamaForCausalLM, GraniteForCausalLM], "| Decoder-only attention | Granite, Llama | 🟡 Planned |"),
+        ([], [LlamaForCausalLM, GraniteForCausalLM], "| Decoder-only attention | Granite, Llama | 🚧 Planned |"),
     ],
 )
 def test_family_status_follows_the_engine_status(cli, root, monkeypatch, supported_models, planned_models,

@@ -8,8 +8,8 @@ from matrix.claims import read_claims
 from runtime.models.bamba.declaration import BambaForCausalLM
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import partial, supported
-from runtime.models.lfm2.declaration import Lfm2ForCausalLM
 from runtime.models.llama.declaration import LlamaForCausalLM
+from runtime.models.qwen3_next.declaration import Qwen3NextForCausalLM
 
 PAGE = "docs/models/evidence.md"
 TP_NOTE = "Attention heads split across ranks; Mamba heads not yet."
@@ -57,14 +57,14 @@ def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, ro
 
 
 def test_an_engine_cell_flipped_to_supported_fails_the_check(cli, root, monkeypatch):
-    monkeypatch.setattr(Lfm2ForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
-    monkeypatch.setattr(Lfm2ForCausalLM, "capabilities", capabilities(ON_ENGINE))
+    monkeypatch.setattr(Qwen3NextForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
+    monkeypatch.setattr(Qwen3NextForCausalLM, "capabilities", capabilities(ON_ENGINE))
     cli("render", "--root", str(root))
     ran = cli("check", "--root", str(root))
     assert ran.code == 1
-    assert ("Lfm2ForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test marked "
-            '@pytest.mark.proves("Lfm2ForCausalLM", "engine") or set the declaration to planned(...) in '
-            "runtime/models/lfm2/declaration.py") in ran.out
+    assert ("Qwen3NextForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test "
+            'marked @pytest.mark.proves("Qwen3NextForCausalLM", "engine") or set the declaration to planned(...) in '
+            "runtime/models/qwen3_next/declaration.py") in ran.out
 
 
 def test_removing_a_proof_fails_the_check(cli, root):
@@ -100,7 +100,7 @@ def test_the_evidence_page_lists_the_tests_by_architecture_and_claim():
     assert "- `tests/engine/test_parity.py::test_greedy_tokens_match_transformers[bamba]`" in bamba
     assert "**Chunked prefill**: ✅ supported, 1 test\n\n- `tests/engine/test_scheduling.py::" in bamba
     assert "| [`BambaForCausalLM`](#bambaforcausallm) | ✅ " in page
-    assert "| `Lfm2ForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
+    assert "| `Qwen3NextForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
 
 
 def test_an_unproven_cell_fails_the_strict_build(root, tmp_path):
@@ -117,8 +117,9 @@ def test_the_built_evidence_page_links_each_row_to_its_section(built_site):
 
 def test_each_tiny_model_case_proves_its_own_architecture():
     """A case named after a tiny model (tests/tiny_models.py) can only prove that model's architecture."""
-    from tiny_models import CONFIGS
+    from tiny_models import CONFIGS as TINY, FAMILY_CONFIGS
 
+    CONFIGS = {**TINY, **FAMILY_CONFIGS}
     cases = [(claim.test.partition("[")[2].rstrip("]"), claim) for claim in read_claims(ROOT)]
     checked = [(CONFIGS[case][1], claim.architecture, claim.test) for case, claim in cases if case in CONFIGS]
     assert checked

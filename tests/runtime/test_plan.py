@@ -55,6 +55,8 @@ ATTENTION_FREE = [
     ("state-spaces__mamba2-130m", 807_936),
     # Mamba-2 2.7b: 80 heads; conv 3*(5120+256) + ssm 80*64*128 = 671,488 elems x 4 B
     ("state-spaces__mamba2-2.7b", 2_685_952),
+    # FalconMamba-7B (reconstructed config): d_inner 2*4096; conv 3*8192 + ssm 8192*16 = 155,648 elems x 4 B
+    ("tiiuae__falcon-mamba-7b", 622_592),
 ]
 
 

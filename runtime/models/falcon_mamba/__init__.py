@@ -1,0 +1,1 @@
+"""falcon_mamba: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""

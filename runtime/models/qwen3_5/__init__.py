@@ -1,0 +1,1 @@
+"""qwen3_5: `declaration` (torch-free: capabilities and cache shapes from config.json); no forward pass yet."""
