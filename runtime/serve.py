@@ -12,8 +12,8 @@ import signal
 import socket
 from pathlib import Path
 
-from runtime.config import EngineConfig
 from runtime.cli import examples
+from runtime.config import EngineConfig
 from runtime.plan import add_engine_arguments, engine_options
 
 
