@@ -59,7 +59,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = field(default=True, metadata=option(
         "split long prompts over several steps"))
     kv_cache_memory_bytes: int | None = field(default=None, metadata=option(
-        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory less 10%% of its total)",
+        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory at start-up less 10%% "
+        "of its total; never more pages than max_num_seqs sequences of max_model_len tokens use)",
         flag="--kv-cache-memory", hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
     num_pages: int | None = field(default=None, metadata=option(
         "give the page pool's size in pages instead of bytes", metavar="N"))
@@ -68,7 +69,11 @@ class EngineConfig:
     device: str = field(default="auto", metadata=option(
         "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
     kernel_backend: str = field(default="auto", metadata=option(
-        "triton kernels on CUDA, the torch references elsewhere (auto), or force one", choices=KERNEL_BACKENDS))
+        "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
+        "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))
+    # As vLLM: a request asking for more top log-probabilities per token than this is refused.
+    max_logprobs: int = field(default=20, metadata=option(
+        "top log-probabilities per token a request may ask for at most", metavar="N"))
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
@@ -153,8 +158,8 @@ class EngineConfig:
             state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
-        # Mamba-1 has a state after every token; the other state layers only at chunk ends.
-        chunked = any(kind.has_state and kind is not LayerKind.MAMBA1 for kind in layers)
+        # Mamba-1 and short convolutions have a state after every token; the other state layers only at chunk ends.
+        chunked = any(kind.has_state and kind not in (LayerKind.MAMBA1, LayerKind.SHORT_CONV) for kind in layers)
         if self.enable_prefix_caching and chunked and decl.mamba_chunk_size(cfg) is None:
             raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
         block_size = resolve_block_size(
