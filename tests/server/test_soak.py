@@ -1,0 +1,98 @@
+"""A bounded soak (issue 13): 64 concurrent streaming clients for three rounds, some leaving mid-stream and some
+sending poison requests. Every good request gets exactly its offline text, no page leaks, and the server's
+resident memory levels off (under 5 % growth from the second round to the third)."""
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from server_helpers import MODEL
+
+from runtime import SamplingParams
+
+NUM_CLIENTS = 64
+ROUNDS = 3
+REQUESTS_PER_CLIENT = 4  # per round
+MAX_TOKENS = 12
+PROMPTS = [f"Request {i}: the page pool holds {i * 3} pages" for i in range(8)]
+POISONS = [
+    {"temperature": 1e-40},
+    {"temperature": 1.0, "top_p": 1e-300},
+    {"min_tokens": 4},
+    {"logprobs": 5000},
+    {"stop": [f"s{i}" for i in range(100_000)]},
+    {"prompt": "page " * 1_000_000},
+    {"prompt": "The page \ud800 pool"},
+]
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS line")
+
+
+def stream_text(response: httpx.Response, leave_after: int | None = None) -> str:
+    text = []
+    for line in response.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line.removeprefix("data: "))
+        assert "error" not in event, event
+        text.append(event["choices"][0]["text"] if event["choices"] else "")
+        if leave_after is not None and len(text) >= leave_after:
+            break  # leaving the block closes the connection mid-stream
+    return "".join(text)
+
+
+def one_client(url: str, seed: int, expected: dict[str, str]) -> dict[str, int]:
+    rng, counts = random.Random(seed), {"good": 0, "bad": 0, "left": 0, "poison": 0}
+    with httpx.Client(base_url=url, timeout=300) as http:
+        for _ in range(REQUESTS_PER_CLIENT):
+            prompt, roll = rng.choice(PROMPTS), rng.random()
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
+                    "ignore_eos": True}
+            if roll < 0.15:
+                body.update(rng.choice(POISONS))
+                # ensure_ascii keeps a lone surrogate as the escape a client would send.
+                response = http.post("/v1/completions", content=json.dumps(body),
+                                     headers={"Content-Type": "application/json"})
+                assert response.status_code in (200, 400), response.text
+                counts["poison"] += 1
+                continue
+            with http.stream("POST", "/v1/completions", json=body) as response:
+                assert response.status_code == 200
+                if roll < 0.3:
+                    stream_text(response, leave_after=2)
+                    counts["left"] += 1
+                    continue
+                text = stream_text(response)
+            counts["good" if text == expected[prompt] else "bad"] += 1
+    return counts
+
+
+@pytest.mark.slow
+def test_64_clients_with_disconnects_and_poisons_keep_their_tokens_pages_and_memory(server, offline):
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    expected = {o.prompt: o.outputs[0].text for o in offline.generate(PROMPTS, params, use_tqdm=False)}
+    before = server.wait_idle()
+    rss, totals = [], {"good": 0, "bad": 0, "left": 0, "poison": 0}
+    for round_ in range(ROUNDS):
+        with ThreadPoolExecutor(NUM_CLIENTS) as pool:
+            seeds = [round_ * NUM_CLIENTS + i for i in range(NUM_CLIENTS)]
+            for counts in pool.map(one_client, [server.url] * NUM_CLIENTS, seeds, [expected] * NUM_CLIENTS):
+                totals = {k: totals[k] + counts[k] for k in totals}
+        after = server.wait_idle()
+        assert after["tandem_cache_pages_used"] == 0, f"pages leaked in round {round_ + 1}"
+        rss.append(rss_bytes(server.proc.pid))
+    growth = rss[2] / rss[1] - 1
+    failed = after["tandem_requests_failed_total"] - before["tandem_requests_failed_total"]
+    print(f"\nsoak: {totals}, requests failed by the engine: {failed:.0f}, "
+          f"RSS after each round: {[f'{r / 2**20:.0f} MiB' for r in rss]}, round 2 to 3: {growth:+.1%}")
+    assert totals["bad"] == 0 and totals["good"] > 0 and totals["left"] > 0 and totals["poison"] > 0
+    assert failed == 0
+    assert growth < 0.05, f"RSS grew {growth:.1%} from the second round to the third: {rss}"
