@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 from matrix.cells import Column, Footnotes, cell, code, text
 from matrix.errors import BadDeclaration
 from matrix.families import FAMILIES, Family, combined_status, family_of, family_status
-from matrix.vocabulary import FAMILY, FAMILY_LEGEND, MATRIX, MATRIX_LEGEND
+from matrix.vocabulary import FAMILY, LEGEND, MATRIX
 from runtime.models import all_declarations
 from runtime.models.interface import DeclarationError, Feature, LayerKind, ModelDeclaration, Status, Support
 
@@ -81,7 +81,7 @@ def supported_models(root: Path) -> dict[str, Any]:
         ])
     columns = [Column(t, "---") for t in ("Architecture", "Models", "Example HF Models", "Layers")]
     columns += [Column(t, ":-:") for t in ("V1", *(FEATURE_LABELS[f] for f in MODEL_TABLE_FEATURES))]
-    return {"legend": MATRIX_LEGEND, "columns": columns, "rows": rows, "notes": footnotes.notes}
+    return {"legend": LEGEND, "columns": columns, "rows": rows, "notes": footnotes.notes}
 
 
 def families() -> list[tuple[Family, list[Declaration]]]:
@@ -132,7 +132,7 @@ def v1_families(root: Path) -> dict[str, Any]:
             "<br>".join(cell(n) for n in notes),
         ])
     columns = [Column(t, "---") for t in ("Model family", "Models", "Status", "Notes")]
-    return {"legend": FAMILY_LEGEND, "columns": columns, "rows": rows}
+    return {"legend": LEGEND, "columns": columns, "rows": rows}
 
 
 def v1_features(root: Path) -> dict[str, Any]:
@@ -148,4 +148,16 @@ def v1_features(root: Path) -> dict[str, Any]:
             row.append(footnotes.mark(MATRIX[status].char, notes))
         rows.append(row)
     columns = [Column("Feature", "---")] + [Column(cell(family.name), ":-:") for family, _ in groups]
-    return {"legend": MATRIX_LEGEND, "columns": columns, "rows": rows, "notes": footnotes.notes}
+    return {"legend": LEGEND, "columns": columns, "rows": rows, "notes": footnotes.notes}
+
+
+def runtime_models(root: Path) -> dict[str, Any]:
+    """The home page's sentence of which models run on the engine and which are planned."""
+    def names(decls: Sequence[Declaration]) -> str:
+        listed = sorted({cell(d.model_name) for d in decls}, key=str.casefold)
+        return listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1]
+
+    decls = declarations()
+    running = [d for d in decls if engine(d).status in (Status.SUPPORTED, Status.PARTIAL)]
+    planned = [d for d in decls if d not in running]
+    return {"running": names(running), "planned": names(planned) if planned else ""}

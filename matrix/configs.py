@@ -127,4 +127,4 @@ class PlanExample:
                 args.run(args)
         except ValueError as err:
             raise BadDeclaration(f"tandem plan {shlex.join(self.args)}: {err}") from None
-        return {"command": f"tandem plan {shlex.join(self.args)}", "output": out.getvalue().rstrip("\n")}
+        return {"command": f".venv/bin/tandem plan {shlex.join(self.args)}", "output": out.getvalue().rstrip("\n")}

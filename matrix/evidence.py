@@ -14,7 +14,7 @@ from typing import Any
 from matrix.cells import Column, code
 from matrix.claims import CLAIMS, ENGINE, read_claims
 from matrix.collect import FEATURE_LABELS, declarations
-from matrix.vocabulary import MATRIX, MATRIX_LEGEND
+from matrix.vocabulary import LEGEND, MATRIX
 from runtime.models import REGISTRY
 from runtime.models.interface import Feature, ModelDeclaration, Status, Support
 
@@ -122,7 +122,7 @@ def evidence_page(root: Path) -> dict[str, Any]:
         if shown:
             sections.append({"title": architecture, "groups": [group(cell) for cell in shown]})
     columns = [Column("Architecture", "---")] + [Column(LABELS[claim], ":-:") for claim in CLAIMS]
-    return {"legend": MATRIX_LEGEND, "columns": columns, "rows": rows, "sections": sections}
+    return {"legend": LEGEND, "columns": columns, "rows": rows, "sections": sections}
 
 
 def group(cell: Cell) -> dict[str, Any]:

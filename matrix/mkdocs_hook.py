@@ -4,6 +4,7 @@ The committed region is replaced in memory only (writing into docs/ would make
 `mkdocs serve` rebuild forever). A committed region that differs from the fresh one,
 a non-canonical glyph, or a supported cell that no test proves, is logged as a warning
 through the plugin logger, so `mkdocs build --strict` fails; broken markers abort any build.
+In the HTML, each status glyph becomes an inline SVG with an accessible label (matrix/glyph_svg.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from matrix import evidence, lint  # noqa: E402
-from matrix.docs import read_docs  # noqa: E402
+from matrix.docs import examine_pictures, read_docs  # noqa: E402
 from matrix.errors import MatrixError  # noqa: E402
+from matrix.glyph_svg import replace_glyphs  # noqa: E402
 from matrix.splice import find_regions, is_stale, splice  # noqa: E402
 from matrix.targets import render_all  # noqa: E402
 
@@ -46,6 +48,9 @@ def on_pre_build(config) -> None:
     # of its declaration is only reported.
     for failure in proofs.failures:
         log.warning(failure)
+    for picture in examine_pictures(root):
+        if picture.changed:
+            log.warning(f"{picture.doc.display} is stale; {FIX}")
     for warning in proofs.warnings:
         log.info(warning)
     _bodies.clear()
@@ -64,3 +69,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     for finding in lint.findings_in(markdown, shown):
         log.warning(f"{finding.format()}; {FIX}")
     return splice(markdown, regions, _bodies)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """Each status glyph as a labelled inline SVG: the markdown keeps the Unicode glyph, and the page
+    shows it without a colour emoji font (most Linux servers and CI images have none)."""
+    return replace_glyphs(html)

@@ -55,20 +55,40 @@ class FamilyStatus(enum.Enum):
     DEPRECATED = "deprecated"
 
 
+# One meaning per glyph across the whole site: a family that is partly there shares the matrix's
+# "partial" glyph, and a family still to come shares its "planned" glyph (vLLM's V1 guide uses 🟡
+# and 🚧 the other way round, which gave the same page two meanings for each).
 FAMILY = MappingProxyType({
     FamilyStatus.OPTIMIZED: Glyph("\U0001F680", "Optimized", "every model runs on the engine, with CUDA graphs"),
     FamilyStatus.FUNCTIONAL: Glyph("\U0001F7E2", "Functional", "every model runs on the engine"),
-    FamilyStatus.WIP: Glyph("\U0001F6A7", "WIP", "some models run on the engine, or run with limitations"),
-    FamilyStatus.PLANNED: Glyph("\U0001F7E1", "Planned", "no model runs on the engine yet; support is planned"),
+    FamilyStatus.WIP: Glyph(PARTIAL.char, "WIP", PARTIAL.meaning),
+    FamilyStatus.PLANNED: Glyph(PLANNED.char, "Planned", PLANNED.meaning),
     FamilyStatus.DELAYED: Glyph("\U0001F7E0", "Delayed", "not supported, and not planned for now"),
     FamilyStatus.DEPRECATED: Glyph("\U0001F534", "Deprecated", "was supported and is being removed"),
 })
 FAMILY_LEGEND = tuple(FAMILY.values())
 
+
+def _one_legend(*glyphs: Glyph) -> tuple[Glyph, ...]:
+    """Every glyph once, names of the same glyph joined ("partial / WIP"); a glyph has one meaning."""
+    merged: dict[str, Glyph] = {}
+    for glyph in glyphs:
+        seen = merged.get(glyph.char)
+        if seen is None:
+            merged[glyph.char] = glyph
+            continue
+        assert seen.meaning == glyph.meaning, f"{glyph.char} has two meanings: {seen.meaning!r}, {glyph.meaning!r}"
+        if glyph.name.lower() != seen.name.lower():
+            merged[glyph.char] = Glyph(glyph.char, f"{seen.name} / {glyph.name}", seen.meaning)
+    return tuple(merged.values())
+
+
+# The one legend every page shows above its glyphs, in this order.
+LEGEND = _one_legend(FAMILY[FamilyStatus.OPTIMIZED], FAMILY[FamilyStatus.FUNCTIONAL], *MATRIX_LEGEND,
+                     *FAMILY_LEGEND, UNKNOWN, NOT_APPLICABLE)
+
 # Every canonical glyph: the linter flags a variation selector after any of them.
-CANONICAL = frozenset(
-    glyph.char for glyph in (*MATRIX_LEGEND, UNKNOWN, NOT_APPLICABLE, *FAMILY_LEGEND)
-)
+CANONICAL = frozenset(glyph.char for glyph in LEGEND)
 
 # Characters that look like a status glyph; in a table cell the linter replaces them.
 LOOKALIKES = MappingProxyType({

@@ -6,15 +6,18 @@ Nothing reads a block size from anywhere but `EngineConfig.cache`.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from runtime.cache.layout import CacheLayout, build_layout, resolve_block_size
 from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
 from runtime.models import resolve
-from runtime.models.interface import ModelDeclaration
+from runtime.models.interface import LayerKind, ModelDeclaration
+from runtime.options import option, parse_size
 
 logger = logging.getLogger("tandem")
 
@@ -24,29 +27,53 @@ DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_BATCHED_TOKENS = 2048
 # "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
 KERNEL_BACKENDS = ("auto", "torch", "triton")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class StateDtype:
+    dtype: str
+    reason: str  # what chose it, as `tandem plan` prints it
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    block_size: int | None = None
-    enable_prefix_caching: bool = False
-    mamba_ssm_dtype: str = "auto"
-    max_model_len: int | None = None
+    dtype: str = field(default="auto", metadata=option(
+        "model dtype: auto (config.json's; float32 when it names none), float32, bfloat16 or float16"))
+    tensor_parallel_size: int = field(default=1, metadata=option(
+        "tensor-parallel size: the cache shapes per rank", aliases=("--tp",), metavar="N"))
+    block_size: int | None = field(default=None, metadata=option(
+        "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N"))
+    enable_prefix_caching: bool = field(default=False, metadata=option(
+        "reuse the cache of shared prompt prefixes (aligns blocks to the Mamba chunk size)"))
+    mamba_ssm_dtype: str = field(default="auto", metadata=option(
+        "SSM state dtype: auto (the model dtype) or a wider one, e.g. float32", metavar="DTYPE"))
+    max_model_len: int | None = field(default=None, metadata=option(
+        "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N"))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    kv_cache_memory_bytes: int | None = None
-    num_pages: int | None = None
-    seed: int = 0
-    device: str = "auto"
-    kernel_backend: str = "auto"
+    max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))
+    max_num_batched_tokens: int | None = field(default=None, metadata=option(
+        "tokens computed per step at most (default: 2048 with chunked prefill, else max_model_len)", metavar="N"))
+    enable_chunked_prefill: bool = field(default=True, metadata=option(
+        "split long prompts over several steps"))
+    kv_cache_memory_bytes: int | None = field(default=None, metadata=option(
+        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory at start-up less 10%% "
+        "of its total; never more pages than max_num_seqs sequences of max_model_len tokens use)",
+        flag="--kv-cache-memory", hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
+    num_pages: int | None = field(default=None, metadata=option(
+        "give the page pool's size in pages instead of bytes", metavar="N"))
+    seed: int = field(default=0, metadata=option("seed for requests that sample without their own", type=int,
+                                                 metavar="N"))
+    device: str = field(default="auto", metadata=option(
+        "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
+    kernel_backend: str = field(default="auto", metadata=option(
+        "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
+        "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))
     # As vLLM: a request asking for more top log-probabilities per token than this is refused.
-    max_logprobs: int = 20
+    max_logprobs: int = field(default=20, metadata=option(
+        "top log-probabilities per token a request may ask for at most", metavar="N"))
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
@@ -57,10 +84,13 @@ class EngineConfig:
         if self.kernel_backend not in KERNEL_BACKENDS:
             choices = ", ".join(KERNEL_BACKENDS)
             raise ConfigError(f"kernel_backend must be one of {choices}, got {self.kernel_backend!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         raw = load_raw_config(self.model)
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)
         object.__setattr__(self, "hf_config", declaration.read_config(raw))
+        self._check_max_model_len()
         object.__setattr__(self, "cache", self._resolve_cache())
 
     def _check_positive(self) -> None:
@@ -69,6 +99,19 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    @cached_property
+    def dims(self) -> Any:
+        """The model's frozen dimensions, read once; the loader builds the torch modules from them."""
+        return self.declaration.dims(self.hf_config)
+
+    def _check_max_model_len(self) -> None:
+        limit = self.hf_config.first("max_position_embeddings", "n_positions")
+        if self.max_model_len is not None and limit is not None and self.max_model_len > limit:
+            raise ConfigError(
+                f"max_model_len={self.max_model_len} is more than the model was built for "
+                f"(max_position_embeddings={limit} in config.json); pass max_model_len={limit} or less"
+            )
 
     @cached_property
     def derived_max_model_len(self) -> int:
@@ -89,8 +132,17 @@ class EngineConfig:
         return self.hf_config.dtype if self.dtype == "auto" else canonical_dtype(self.dtype)
 
     @cached_property
-    def ssm_dtype(self) -> str | None:
-        return None if self.mamba_ssm_dtype == "auto" else canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype")
+    def state_dtype(self) -> StateDtype:
+        """The recurrent (SSM) state's dtype and why: the option, config.json, the model's default, its dtype."""
+        if self.mamba_ssm_dtype != "auto":
+            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype"), "set by --mamba-ssm-dtype / mamba_ssm_dtype")
+        asked = self.hf_config.first("mamba_ssm_cache_dtype")
+        if asked not in (None, "auto"):
+            return StateDtype(canonical_dtype(asked, "mamba_ssm_cache_dtype in config.json"),
+                              "asked for by mamba_ssm_cache_dtype in config.json")
+        if self.declaration.default_ssm_dtype is not None:
+            return StateDtype(self.declaration.default_ssm_dtype, f"the {self.declaration.model_name} default, as in vLLM")
+        return StateDtype(self.model_dtype, "the model dtype")
 
     @property
     def model_dir(self) -> Path:
@@ -103,10 +155,12 @@ class EngineConfig:
         assert set(layers) <= decl.layer_kinds, f"{decl.__name__}.layout gave undeclared layer kinds"
         attention = mamba = None
         if any(kind.has_state for kind in layers):
-            state = decl.mamba_state(cfg, tp, self.model_dtype, self.ssm_dtype)
+            state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
-        if self.enable_prefix_caching and mamba is not None and decl.mamba_chunk_size(cfg) is None:
+        # Mamba-1 and short convolutions have a state after every token; the other state layers only at chunk ends.
+        chunked = any(kind.has_state and kind not in (LayerKind.MAMBA1, LayerKind.SHORT_CONV) for kind in layers)
+        if self.enable_prefix_caching and chunked and decl.mamba_chunk_size(cfg) is None:
             raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
         block_size = resolve_block_size(
             attn_bytes_per_token=None if attn_shape is None else AttentionSpec(

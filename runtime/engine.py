@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from runtime.cache.manager import CacheManager
+from runtime.cache.prefix import PrefixCache, prefix_block_size
 from runtime.config import EngineConfig
+from runtime.loader import load_tokenizer
 from runtime.models.interface import Feature, Status
 from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.runner import ModelRunner
@@ -69,6 +70,14 @@ def eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
     return ids
 
 
+def make_prefix_cache(config: EngineConfig) -> PrefixCache | None:
+    if not config.enable_prefix_caching:
+        return None
+    decl = config.declaration
+    chunk_size = decl.mamba_chunk_size(config.hf_config) if decl.has_state() else None
+    return PrefixCache(config.cache, prefix_block_size(config.cache, chunk_size, config.attention_alignment))
+
+
 @dataclass
 class EngineCounters:
     """Running totals since start, for `Engine.stats()`; generation never reads them."""
@@ -97,10 +106,10 @@ class Engine:
     def __init__(self, config: EngineConfig):
         check_capabilities(config)
         self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(config)
-        self.cache = CacheManager(config.cache, self.runner.num_pages)
+        self.cache = CacheManager(config.cache, self.runner.num_pages, prefix=make_prefix_cache(config))
         self.max_model_len = self._fit_max_model_len()
         limits = SchedulerLimits(config.max_num_seqs, config.derived_max_num_batched_tokens,
                                  config.enable_chunked_prefill)
@@ -113,7 +122,6 @@ class Engine:
         self.sampler = Sampler()
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self._ids = itertools.count()
-        self._arrivals = itertools.count()
         self._seqs: dict[str, Sequence] = {}
         self._generators: dict[str, torch.Generator | None] = {}
         self._timings: dict[str, Timing] = {}
@@ -126,10 +134,12 @@ class Engine:
         blocks = (self.cache.num_pages - layout.num_state_groups) // max(1, layout.num_attention_groups)
         fits = blocks * (layout.block_size or 0)
         if self.config.max_model_len is not None or fits < 1:
+            # A pool too small for even one block of every layer has no max_model_len to suggest.
+            lower = f", or lower max_model_len to {fits} or less" if fits >= 1 else ""
             raise ValueError(
                 f"the page pool ({self.cache.num_pages} pages) cannot hold one sequence of max_model_len={wanted} "
                 f"tokens (it needs {layout.pages_per_sequence(wanted)} pages); raise kv_cache_memory_bytes or "
-                f"num_pages, or lower max_model_len to {fits} or less"
+                f"num_pages{lower}"
             )
         logger.warning("max_model_len lowered from %d to %d tokens to fit the page pool", wanted, fits)
         return fits
@@ -175,7 +185,7 @@ class Engine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(request_id, token_ids, params, arrival=next(self._arrivals), prompt=text, stream=stream)
+        seq = Sequence(request_id, token_ids, params, prompt=text, stream=stream)
         self._seqs[request_id] = seq
         self._generators[request_id] = (
             torch.Generator(device=self.runner.device).manual_seed(params.seed) if params.seed is not None else None
@@ -208,9 +218,11 @@ class Engine:
         assert batch or not self.has_unfinished(), "the scheduler made no progress"
         if not batch:
             return []
+        self._copy_pages()  # cached snapshots into the states of sequences that resume from them
         self.counters.batch_size.observe(len(batch.seqs))
         seqs, logits = self.runner.execute(batch)
         self.scheduler.update(batch)
+        self._copy_pages()  # states snapshotted at block boundaries, before they move on
         if not seqs:
             return []
         sampled = self._sample(seqs, logits)
@@ -221,6 +233,16 @@ class Engine:
             if output is not None:
                 outputs.append(output)
         return outputs
+
+    def _copy_pages(self) -> None:
+        copies = self.cache.take_copies()
+        if copies:
+            self.runner.copy_pages(copies)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's reset_prefix_cache); requests in flight keep their pages."""
+        self.cache.reset_prefix_cache()
+        return True
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[tuple | Exception]:
         """Per sequence, (token, top logprobs, sampled logprob), or the error that made it unsampleable.
@@ -272,7 +294,8 @@ class Engine:
         seq.finish_reason = "error"
         completion = CompletionOutput(0, "", list(seq.output_token_ids), finish_reason="error")
         output = RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion], finished=True,
-                               num_preemptions=seq.num_preemptions, error=reason)
+                               num_preemptions=seq.num_preemptions, num_cached_tokens=seq.num_cached_tokens,
+                               error=reason)
         self._forget(seq)
         return output
 
@@ -333,7 +356,8 @@ class Engine:
             stop_reason=seq.stop_reason,
         )
         return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion],
-                             finished=seq.is_finished, num_preemptions=seq.num_preemptions)
+                             finished=seq.is_finished, num_preemptions=seq.num_preemptions,
+                             num_cached_tokens=seq.num_cached_tokens)
 
     def _observe_token(self, seq: Sequence, now: float) -> None:
         timing = self._timings[seq.request_id]
@@ -371,6 +395,8 @@ class Engine:
             inter_token_latency=counters.inter_token_latency.snapshot(),
             e2e_request_latency=counters.e2e_request_latency.snapshot(),
             batch_size=counters.batch_size.snapshot(),
+            prefix_cache_queries=self.cache.num_queried_tokens,
+            prefix_cache_hits=self.cache.num_hit_tokens,
         )
 
     @property

@@ -1,38 +1,102 @@
-"""`tandem generate [MODEL] "prompt"`: one completion on the command line."""
+"""`tandem generate [MODEL] PROMPT...`: completions on the command line, streamed as they come."""
 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
+from pathlib import Path
+from typing import TextIO
 
+from runtime.cli import examples
 from runtime.plan import add_engine_arguments, engine_options
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("generate", help="complete a prompt (default model: the one shipped with Tandem)")
-    parser.add_argument("args", nargs="+", metavar="[MODEL] PROMPT", help="optional model directory, then the prompt")
-    add_engine_arguments(parser)
-    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens at most (default 64)")
+    parser = subparsers.add_parser(
+        "generate", help="complete prompts (default model: the one shipped with Tandem)",
+        description="Complete one or more prompts and print each prompt with its completion, token by token "
+                    "as it is generated. The first argument is the model when it is a directory or a Hugging "
+                    "Face id (default: the small model shipped with Tandem). `-` as the prompt, or no prompt "
+                    "with a pipe on stdin, reads the prompts from stdin, one per line. Ctrl-C stops and keeps "
+                    "what was printed.",
+        epilog=examples(
+            'tandem generate "The page pool"',
+            'tandem generate runtime/default_model "The page pool" "Mamba layers keep" --max-tokens 16',
+            'printf "The page pool\\nMamba layers keep\\n" | tandem generate --max-tokens 16',
+            'tandem generate runtime/default_model - < prompts.txt',
+        ))
+    parser.add_argument("args", nargs="*", metavar="[MODEL] PROMPT",
+                        help="an optional model directory, then the prompts (`-`: read them from stdin)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt at most (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--kernel-backend", choices=("auto", "torch", "triton"), default="auto",
-                        help="triton kernels on CUDA, torch references elsewhere (default auto)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep tokens up to this "
+                        "probability mass (default 1.0: all)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="keep generating past the end-of-sequence token, up to --max-tokens")
+    add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
 
+# `owner/name` with nothing else: how a Hugging Face id looks, so that the engine can say how to fetch it.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def split_model(args: list[str], stdin: TextIO) -> tuple[str | None, list[str]]:
+    """(model or None, prompts): the first argument is the model when it is a directory, or when it looks like a
+    Hugging Face id and prompts follow it."""
+    model = None
+    if args and args[0] != "-" and (Path(args[0]).is_dir() or (len(args) > 1 and HUB_ID.fullmatch(args[0]))):
+        model, args = args[0], args[1:]
+    if not args and not stdin.isatty():
+        args = ["-"]
+    if not args:
+        raise ValueError("no prompt: give one or more prompts, or pipe them in (one per line)")
+    prompts = []
+    for arg in args:
+        if arg == "-":
+            prompts.extend(line.rstrip("\r\n") for line in stdin if line.strip())
+        else:
+            prompts.append(arg)
+    if not prompts:
+        raise ValueError("stdin held no prompt: write one prompt per line")
+    return model, prompts
+
+
 def run(args: argparse.Namespace) -> int:
-    if len(args.args) > 2:
-        raise ValueError(f"expected [MODEL] PROMPT, got {len(args.args)} arguments; quote the prompt")
-    model, prompt = (None, args.args[0]) if len(args.args) == 1 else args.args
+    model, prompts = split_model(args.args, sys.stdin)
     # Imported here: the engine needs torch, and `tandem plan` must not.
     from runtime.llm import LLM
     from runtime.sampling_params import SamplingParams
 
-    llm = LLM(model, **engine_options(args), max_model_len=args.max_model_len, kernel_backend=args.kernel_backend)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                            max_tokens=args.max_tokens)
-    output = llm.generate([prompt], params, use_tqdm=False)[0]
-    print(prompt + output.outputs[0].text)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+    llm = LLM(model, **engine_options(args))
+    print_streams(llm.stream(prompts, params), prompts, sys.stdout)
     return 0
+
+
+def print_streams(stream, prompts: list[str], out: TextIO) -> None:
+    """Print each prompt and its completion in prompt order: the current one as its tokens come, the
+    later ones (which run in the same batch) from where they have got to once it finishes."""
+    texts = [""] * len(prompts)
+    finished = [False] * len(prompts)
+    shown, current = 0, 0  # characters of prompt `current`'s completion printed so far
+    out.write(prompts[0])
+    out.flush()
+    for index, output in stream:
+        texts[index] = output.outputs[0].text
+        finished[index] = output.finished
+        while current < len(prompts):
+            # A trailing U+FFFD is an incomplete UTF-8 sequence: wait for the next token to finish it.
+            ready = texts[current] if finished[current] else texts[current].rstrip("\ufffd")
+            out.write(ready[shown:])
+            shown = max(shown, len(ready))
+            if not finished[current]:
+                break
+            out.write("\n")
+            current, shown = current + 1, 0
+            if current < len(prompts):
+                out.write("\n" + prompts[current])
+        out.flush()

@@ -8,10 +8,13 @@ all (mamba_ssm's native `d_model`/`n_layer` files); all of that is settled here.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# "org/name" with no such path here: most likely a Hugging Face model id.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -38,6 +41,12 @@ def config_path(model: str | Path) -> Path:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
+        if not Path(model).exists() and HUB_ID.fullmatch(str(model)):
+            raise ConfigError(
+                f"{model} looks like a Hugging Face model id, but Tandem reads local directories only: fetch it with "
+                f"`huggingface-cli download {model} --local-dir DIR` (or `hf download {model} --local-dir DIR`) "
+                "and pass DIR"
+            )
         raise ConfigError(f"no config.json at {path}: pass a model directory or the path of its config.json")
     return path
 
@@ -70,10 +79,12 @@ def from_mamba_ssm_format(raw: dict[str, Any]) -> dict[str, Any]:
         )
     ssm = dict(raw.get("ssm_cfg") or {})
     layer = ssm.pop("layer", "Mamba1")
+    # mamba_ssm pads the vocabulary (and so the embedding it saves) to a multiple of pad_vocab_size_multiple.
+    vocab, multiple = raw.get("vocab_size", 50277), raw.get("pad_vocab_size_multiple", 8)
     common = {
         "hidden_size": raw["d_model"],
         "num_hidden_layers": raw["n_layer"],
-        "vocab_size": raw.get("vocab_size", 50277),
+        "vocab_size": vocab + (-vocab) % multiple,
         "tie_word_embeddings": raw.get("tie_embeddings", True),
         "residual_in_fp32": raw.get("residual_in_fp32", True),
         "pad_vocab_size_multiple": raw.get("pad_vocab_size_multiple", 8),
@@ -100,6 +111,7 @@ def from_mamba_ssm_format(raw: dict[str, Any]) -> dict[str, Any]:
             "state_size": ssm.get("d_state", 16),
             "conv_kernel": ssm.get("d_conv", 4),
             "expand": ssm.get("expand", 2),
+            "time_step_rank": ssm.get("dt_rank", "auto"),
         }
     raise ConfigError(f"unknown mamba_ssm layer type {layer!r} in ssm_cfg; expected 'Mamba1' or 'Mamba2'")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any, Iterator
 from typing import Sequence as Seq
 
 from tqdm.auto import tqdm
@@ -23,43 +25,20 @@ class LLM:
     >>> out[0].outputs[0].text
     """
 
-    def __init__(
-        self,
-        model: str | Path | None = None,
-        *,
-        dtype: str = "auto",
-        block_size: int | None = None,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int | None = None,
-        enable_chunked_prefill: bool = True,
-        enable_prefix_caching: bool = False,
-        kv_cache_memory_bytes: int | None = None,
-        num_pages: int | None = None,
-        tensor_parallel_size: int = 1,
-        mamba_ssm_dtype: str = "auto",
-        seed: int = 0,
-        device: str = "auto",
-        kernel_backend: str = "auto",
-    ):
-        config = EngineConfig(
-            model=str(model if model is not None else DEFAULT_MODEL),
-            dtype=dtype,
-            block_size=block_size,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_chunked_prefill=enable_chunked_prefill,
-            enable_prefix_caching=enable_prefix_caching,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            num_pages=num_pages,
-            tensor_parallel_size=tensor_parallel_size,
-            mamba_ssm_dtype=mamba_ssm_dtype,
-            seed=seed,
-            device=device,
-            kernel_backend=kernel_backend,
-        )
+    def __init__(self, model: str | Path | None = None, **options: Any):
+        """`options` are EngineConfig's fields (dtype, max_model_len, kv_cache_memory_bytes, device, ...):
+        the same names, defaults and help as the command line's options (`tandem generate --help`)."""
+        known = {f.name for f in dataclasses.fields(EngineConfig) if f.init and f.name != "model"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"LLM() got unexpected keyword arguments {', '.join(unknown)}; "
+                            f"it takes EngineConfig's: {', '.join(sorted(known))}")
+        config = EngineConfig(model=str(model if model is not None else DEFAULT_MODEL), **options)
         self.engine = Engine(config)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (as vLLM's); requests in flight keep their pages. True when done."""
+        return self.engine.reset_prefix_cache()
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -71,6 +50,27 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order."""
+        ids = self._submit(prompts, sampling_params, stream=False)
+        return self._run(ids, use_tqdm)
+
+    def stream(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> Iterator[tuple[int, RequestOutput]]:
+        """Yield (prompt index, output so far) after every step that advances a prompt; the last output
+        of each prompt has `finished` set. Closing the iterator early (or Ctrl-C) aborts what is left."""
+        ids = self._submit(prompts, sampling_params, stream=True)
+        index = {request_id: i for i, request_id in enumerate(ids)}
+        try:
+            while self.engine.has_unfinished():
+                for output in self.engine.step():
+                    yield index[output.request_id], output
+        finally:
+            for request_id in ids:
+                self.engine.abort(request_id)
+
+    def _submit(self, prompts, sampling_params, stream: bool) -> list[str]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = sampling_params if sampling_params is not None else SamplingParams()
@@ -83,8 +83,7 @@ class LLM:
             text, token_ids = self.engine.tokenize(prompt)
             self.engine.validate(token_ids, p)
             tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
-        ids = [self.engine.add_request(prompt, p) for prompt, p in zip(tokenized, params)]
-        return self._run(ids, use_tqdm)
+        return [self.engine.add_request(prompt, p, stream=stream) for prompt, p in zip(tokenized, params)]
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

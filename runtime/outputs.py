@@ -28,5 +28,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_preemptions: int = 0
+    # Prompt tokens found in the prefix cache when the request was first scheduled (vLLM's field).
+    num_cached_tokens: int = 0
     # Why the request failed (finish reason "error"): an error in its own sampling or post-processing.
     error: str | None = None

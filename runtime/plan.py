@@ -5,64 +5,76 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import re
 from typing import Any
 
 from runtime.cache.layout import CacheLayout
+from runtime.cache.prefix import prefix_block_size
+from runtime.cli import examples
 from runtime.config import EngineConfig
 from runtime.hf_config import ConfigError
-
-UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
-         "g": 1024**3, "gib": 1024**3, "gb": 1000**3, "t": 1024**4, "tib": 1024**4, "tb": 1000**4}
-
+from runtime.options import add_config_options, config_kwargs
 
 MAX_LISTED_RUNS = 12
 LETTERS = {"attention": "*", "mamba2": "M", "mamba1": "m", "parallel": "P", "hybrid": "H",
            "short_conv": "C", "gated_deltanet": "G", "mlp": "-"}
 
 
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in UNITS:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}; write it like 8GiB, 512MiB or 1000000000")
-    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
-
-
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options that decide the cache layout, shared by plan, generate and serve."""
-    parser.add_argument("--dtype", default="auto",
-                        help="model dtype: auto (from config.json), float32, bfloat16, float16")
-    parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor-parallel size")
-    parser.add_argument("--block-size", type=int, default=None, help="attention tokens per page (default: automatic)")
-    parser.add_argument("--enable-prefix-caching", action="store_true", help="align blocks to the Mamba chunk size")
-    parser.add_argument("--mamba-ssm-dtype", default="auto", help="SSM state dtype: auto (model dtype) or float32, ...")
+    """Every EngineConfig option, generated from its field metadata: the same in every subcommand."""
+    add_config_options(parser, EngineConfig)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    """The EngineConfig keywords of the options add_engine_arguments added."""
-    return dict(dtype=args.dtype, tensor_parallel_size=args.tp, block_size=args.block_size,
-                enable_prefix_caching=args.enable_prefix_caching, mamba_ssm_dtype=args.mamba_ssm_dtype)
+    """The EngineConfig keywords the user gave."""
+    return config_kwargs(args, EngineConfig)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plan", help="explain a model's cache layout from its config.json")
+    parser = subparsers.add_parser(
+        "plan", help="explain a model's cache layout from its config.json",
+        description="Explain a model's cache layout from its config.json alone (no weights, no torch): the "
+                    "layers, the attention bytes per token, each Mamba layer's state, the block size that "
+                    "makes an attention page hold a Mamba page, the padding, and with --kv-cache-memory "
+                    "and --max-model-len how many sequences fit.",
+        epilog=examples(
+            "tandem plan docs/configs/ibm-ai-platform__Bamba-9B",
+            "tandem plan docs/configs/ibm-ai-platform__Bamba-9B --dtype bfloat16 --kv-cache-memory 8GiB "
+            "--max-model-len 4096",
+            "tandem plan docs/configs/ibm-ai-platform__Bamba-9B --tp 2 --json",
+        ))
     parser.add_argument("model", help="a model directory or its config.json")
-    add_engine_arguments(parser)
-    parser.add_argument("--memory", type=parse_size, help="pool size to fit sequences into, e.g. 8GiB")
-    parser.add_argument("--max-model-len", type=int, help="tokens per sequence for --memory")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.memory is None) != (args.max_model_len is None):
-        raise ConfigError("--memory and --max-model-len go together: give both to see how many sequences fit")
-    if args.max_model_len is not None and args.max_model_len < 1:
-        raise ConfigError(f"--max-model-len must be positive, got {args.max_model_len}")
-    config = EngineConfig(model=args.model, **engine_options(args))
-    report = build_report(config, args.memory, args.max_model_len)
+    options = engine_options(args)
+    memory, max_model_len = options.get("kv_cache_memory_bytes"), options.get("max_model_len")
+    if (memory is None) != (max_model_len is None):
+        raise ConfigError("--kv-cache-memory and --max-model-len go together: give both to see how many "
+                          "sequences fit")
+    config = EngineConfig(model=args.model, **options)
+    report = build_report(config, memory, max_model_len)
+    if memory is not None:
+        check_fit(report["fit"], config.cache)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
+
+
+def check_fit(fit: dict[str, Any], layout: CacheLayout) -> None:
+    """A pool that holds no sequence is a user error, not a plan that says "0 sequences fit"."""
+    if fit["max_num_sequences"] >= 1:
+        return
+    needed = fit["pages_per_sequence"] * layout.bytes_per_page_id
+    pages = fit["num_page_ids"]
+    fits = (pages - layout.num_state_groups) // max(1, layout.num_attention_groups) * (layout.block_size or 0)
+    lower = f", or lower --max-model-len to {fits:,}" if fits >= 1 and layout.block_size else ""
+    raise ConfigError(
+        f"--kv-cache-memory {_bytes(fit['memory_bytes'])} holds {pages:,} page ids, but one sequence of "
+        f"{fit['max_model_len']:,} tokens needs {fit['pages_per_sequence']:,}: raise --kv-cache-memory to at "
+        f"least {_bytes(needed)}{lower}"
+    )
 
 
 def layer_runs(layout: CacheLayout) -> list[dict[str, Any]]:
@@ -79,6 +91,8 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
     report: dict[str, Any] = {
         "architecture": config.declaration.architecture,
         "dtype": config.model_dtype,
+        "dtype_source": dtype_source(config),
+        "engine": engine_status(config),
         "tensor_parallel_size": config.tensor_parallel_size,
         "num_layers": len(layout.layers),
         "layer_counts": {kind.value: layout.layers.count(kind) for kind in dict.fromkeys(layout.layers)},
@@ -100,17 +114,43 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
                                "dtype": spec.dtype, "bytes_per_token": spec.bytes_per_token}
     if layout.mamba:
         spec = layout.mamba
-        report["mamba"] = {"shapes": [list(s) for s in spec.shapes], "dtypes": list(spec.dtypes),
+        report["mamba"] = {"name": config.declaration.state_name,
+                           "shapes": [list(s) for s in spec.shapes], "dtypes": list(spec.dtypes),
                            "page_size_bytes": spec.unpadded_page_size_bytes,
-                           "chunk_size": config.declaration.mamba_chunk_size(config.hf_config)}
+                           "chunk_size": config.declaration.mamba_chunk_size(config.hf_config),
+                           "state_dtype": config.state_dtype.dtype, "state_dtype_from": config.state_dtype.reason}
         if layout.attention:
             report["padding_pct"] = round(spec.padding_pct, 4)
+    if config.enable_prefix_caching:
+        report["prefix_cache"] = prefix_cache_report(config)
     if memory is not None:
         report["fit"] = {"memory_bytes": memory, "max_model_len": max_model_len,
                          "pages_per_sequence": layout.pages_per_sequence(max_model_len),
                          "num_page_ids": memory // layout.bytes_per_page_id,
                          "max_num_sequences": layout.max_num_sequences(memory, max_model_len)}
     return report
+
+
+def dtype_source(config: EngineConfig) -> str:
+    """"option" (--dtype), "config" (config.json names it) or "assumed" (float32, as transformers loads it)."""
+    if config.dtype != "auto":
+        return "option"
+    named = config.hf_config.first("dtype", "torch_dtype", default=None)
+    return "config" if named not in (None, "auto") else "assumed"
+
+
+def engine_status(config: EngineConfig) -> dict[str, Any]:
+    support = config.declaration.capabilities.engine
+    return {"status": support.status.value, "note": support.note or None}
+
+
+def prefix_cache_report(config: EngineConfig) -> dict[str, Any]:
+    """Prefix caching's blocks and, with state layers, the size of one snapshot (kept per cached boundary)."""
+    layout, decl = config.cache, config.declaration
+    chunk = decl.mamba_chunk_size(config.hf_config) if layout.mamba else None
+    snapshot = layout.num_state_groups
+    return {"block_size": prefix_block_size(layout, chunk, config.attention_alignment),
+            "snapshot_page_ids": snapshot, "snapshot_bytes": snapshot * layout.bytes_per_page_id}
 
 
 def _bytes(n: int) -> str:
@@ -122,9 +162,15 @@ def _bytes(n: int) -> str:
 
 def format_report(r: dict[str, Any]) -> str:
     counts = ", ".join(f"{n} {kind}" for kind, n in r["layer_counts"].items())
-    lines = [
-        f"architecture   {r['architecture']}",
-        f"dtype          {r['dtype']}, tensor parallel {r['tensor_parallel_size']}",
+    lines = [f"architecture   {r['architecture']}"]
+    engine = r["engine"]
+    if engine["status"] not in ("supported", "partial"):
+        note = f" ({engine['note']})" if engine["note"] else ""
+        lines.append(f"engine         {engine['status']}: cannot run on the engine yet{note}; "
+                     "this is the layout it will use")
+    assumed = " (assumed: config.json names no dtype; pass --dtype)" if r["dtype_source"] == "assumed" else ""
+    lines += [
+        f"dtype          {r['dtype']}{assumed}, tensor parallel {r['tensor_parallel_size']}",
         f"layers         {r['num_layers']}: {counts}",
     ]
     if len(r["layers"]) <= MAX_LISTED_RUNS:
@@ -142,7 +188,8 @@ def format_report(r: dict[str, Any]) -> str:
     if r["mamba"]:
         m = r["mamba"]
         states = " + ".join(f"{tuple(s)} {d}" for s, d in zip(m["shapes"], m["dtypes"]))
-        lines.append(f"mamba state    {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
+        lines.append(f"{m['name']:<14} {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
+        lines.append(f"state dtype    {m['state_dtype']} ({m['state_dtype_from']})")
     lines.extend(_format_pages(r))
     return "\n".join(lines)
 
@@ -157,9 +204,22 @@ def _format_pages(r: dict[str, Any]) -> list[str]:
     lines.append(page)
     lines.append(f"groups         {r['group_size']} layers per group: {r['num_attention_groups']} attention, "
                  f"{r['num_state_groups']} state; a page id spans {_bytes(r['bytes_per_page_id'])}")
+    if r.get("prefix_cache"):
+        lines.extend(_format_prefix_cache(r["prefix_cache"]))
     if "fit" in r:
         f = r["fit"]
         lines.append(f"fit            {_bytes(f['memory_bytes'])} holds {f['num_page_ids']:,} page ids; "
                      f"a sequence of {f['max_model_len']:,} tokens needs {f['pages_per_sequence']:,}: "
                      f"{f['max_num_sequences']:,} sequences fit")
+    return lines
+
+
+def _format_prefix_cache(p: dict[str, Any]) -> list[str]:
+    lines = [f"prefix cache   blocks of {p['block_size']} tokens, named by a chained hash of their tokens"]
+    if p["snapshot_page_ids"]:
+        ids = "page id" if p["snapshot_page_ids"] == 1 else "page ids"
+        lines.append(f"  snapshot     {p['snapshot_page_ids']} {ids} = {_bytes(p['snapshot_bytes'])} per cached "
+                     "boundary: each state group's state, copied into")
+        lines.append("               free pages where a prompt chunk ends on a block boundary; "
+                     "evicted least recently used")
     return lines

@@ -13,22 +13,24 @@ import signal
 import socket
 from pathlib import Path
 
+from runtime.cli import examples
 from runtime.config import EngineConfig
-from runtime.plan import add_engine_arguments, engine_options, parse_size
+from runtime.options import parse_size
+from runtime.plan import add_engine_arguments, engine_options
 
 API_KEY_ENV = "TANDEM_API_KEY"  # as vLLM's VLLM_API_KEY
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    parser = subparsers.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                    "/v1/models, /health, /metrics) on 127.0.0.1:8000 until Ctrl-C or SIGTERM.",
+        epilog=examples("tandem serve runtime/default_model", "tandem serve path/to/model --port 8080 "
+                        "--kv-cache-memory 8GiB", "tandem serve path/to/model --chat-template template.jinja"))
     parser.add_argument("model", help="a model directory")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
-    add_engine_arguments(parser)
-    parser.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence, prompt included")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="requests in the running batch at most")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step at most")
-    parser.add_argument("--kv-cache-memory", type=parse_size, default=None, help="page pool size, e.g. 4GiB")
     parser.add_argument("--max-waiting", type=int, default=1024,
                         help="requests waiting to run at most; more are refused with 503 (default 1024)")
     parser.add_argument("--served-model-name", default=None,
@@ -37,8 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="a Jinja chat template file, for a tokenizer that has none (or to replace its own)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds that in-flight requests get to finish on SIGINT or SIGTERM (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for requests that sample without one")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda or cpu")
+    add_engine_arguments(parser)
     add_access_arguments(parser)
     add_limit_arguments(parser)
     parser.set_defaults(run=run)
@@ -46,7 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def add_access_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
-                        help=f"require `Authorization: Bearer KEY` on /v1/* (default: ${API_KEY_ENV}, else none)")
+                        help=f"require `Authorization: Bearer KEY` on every path but /health and /metrics "
+                             f"(default: ${API_KEY_ENV}, else none)")
     parser.add_argument("--enable-openapi", action="store_true", help="serve /docs and /openapi.json (off by default)")
 
 
@@ -92,16 +94,7 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        **engine_options(args),
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_memory_bytes=args.kv_cache_memory,
-        seed=args.seed,
-        device=args.device,
-    )
+    return EngineConfig(model=args.model, **engine_options(args))
 
 
 def check_server_options(args: argparse.Namespace) -> None:
@@ -154,9 +147,8 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
 
     memory.limit_arenas()  # before torch, the engine and uvicorn start their threads
 
-    from transformers import AutoTokenizer
-
     from runtime.engine import Engine
+    from runtime.loader import load_tokenizer
     from runtime.server.app import GracefulServer, build_app
     from runtime.server.async_engine import AsyncEngine
     from runtime.server.state import ServerState
@@ -165,7 +157,8 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
     engine = Engine(config)
 
     def tokenizer():
-        loaded = AutoTokenizer.from_pretrained(config.model_dir)
+        # Two instances: the tokenizer worker's thread and the event loop must not share one.
+        loaded = load_tokenizer(config)
         if args.chat_template is not None:
             loaded.chat_template = args.chat_template.read_text(encoding="utf-8")
         return loaded

@@ -66,6 +66,9 @@ class EngineStats:
     e2e_request_latency: HistogramSnapshot = field(default_factory=lambda: Histogram(E2E_BUCKETS).snapshot())
     # Sequences in each step's batch: shows whether requests ran together, whenever anyone looks.
     batch_size: HistogramSnapshot = field(default_factory=lambda: Histogram(BATCH_BUCKETS).snapshot())
+    # Prompt tokens looked up in the prefix cache, and found there (vLLM's counters, in tokens).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

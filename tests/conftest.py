@@ -1,8 +1,6 @@
 import os
+import sys
 
-# Triton kernels run on CPU only through the interpreter, and only if this is set
-# before triton is first imported.
-os.environ.setdefault("TRITON_INTERPRET", "1")
 # The tiny test models gain nothing from intra-op threads, and on a shared CPU every parallel
 # op waits for a descheduled thread: the engine suite ran 4x slower with two threads than with one.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -11,12 +9,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TANDEM_CPU_COMPILE", "0")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402  (after OMP_NUM_THREADS; importing torch does not import triton)
+
+# Triton kernels run on CPU only through the interpreter, which triton reads from this variable when
+# it is first imported (not yet: nothing above imports it). With a CUDA device the default test
+# command compiles the kernels for it instead, so the compiled-kernel tests run too.
+assert "triton" not in sys.modules, "triton was imported before the tests chose TRITON_INTERPRET"
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` need a CUDA device; without one they are skipped, not failed."""
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

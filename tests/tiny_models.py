@@ -1,11 +1,15 @@
 """Tiny random HF checkpoints and an offline tokenizer, built with transformers' own classes.
 
 initializer_range=0.3 keeps the top-2 logit gap far above float noise, so greedy parity
-is decided by the model, not by 1e-5 rounding.
+is decided by the model, not by 1e-5 rounding. Every parameter is random: HF initialises
+norm weights, Mamba's D and (for some models) dt_bias to 1 and biases to 0, values under
+which an engine that ignored them would still agree; `randomize` redraws them around
+their usual values after HF has built the model.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -96,12 +100,51 @@ def build_tokenizer(directory: Path) -> None:
     fast.save_pretrained(directory)
 
 
+def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+def _redraw(name: str, tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor | None:
+    """A new random value for `name`, near its usual value, or None to keep HF's (already random) one."""
+    def uniform(low: float, high: float) -> torch.Tensor:
+        return low + (high - low) * torch.rand(tensor.shape, generator=generator, dtype=torch.float64)
+
+    if name.endswith(("dt_bias", "dt_proj.bias")):
+        # softplus(dt_bias) is the time step at zero input: log-uniform in [1e-3, 1e-1] as mamba_ssm draws it.
+        return _inverse_softplus(torch.exp(uniform(math.log(1e-3), math.log(1e-1))))
+    if name.endswith("A_log"):
+        return torch.log(uniform(1.0, 16.0))
+    if name.endswith(".D"):
+        return uniform(0.5, 1.5)
+    if name.endswith("e_score_correction_bias"):
+        return 0.2 * torch.randn(tensor.shape, generator=generator, dtype=torch.float64)
+    if tensor.numel() > 1 and bool((tensor == tensor.flatten()[0]).all()):
+        value = tensor.flatten()[0].item()
+        if value == 0:  # biases
+            return 0.1 * torch.randn(tensor.shape, generator=generator, dtype=torch.float64)
+        return value * uniform(0.7, 1.3)  # norm weights (1) and other constant scales
+    return None
+
+
+@torch.no_grad()
+def randomize(model, seed: int) -> None:
+    """Redraw every parameter (and persistent buffer) HF initialised to a constant or a fixed pattern."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point():
+            value = _redraw(name, tensor, generator)
+            if value is not None:
+                tensor.copy_(value.to(tensor.dtype))
+
+
 def build_model(name: str, directory: Path, tokenizer_dir: Path, dtype=torch.float32, seed: int = 0, **overrides):
     """Save a tiny random `name` checkpoint (and the tokenizer) into `directory`; return the HF model."""
     config_class, model_class, kwargs = CONFIGS[name]
     config = getattr(transformers, config_class)(**{**kwargs, **overrides})
     torch.manual_seed(seed)
-    model = getattr(transformers, model_class)(config).to(dtype).eval()
+    model = getattr(transformers, model_class)(config)
+    randomize(model, seed)
+    model = model.to(dtype).eval()
     model.save_pretrained(directory)
     for path in tokenizer_dir.iterdir():
         (directory / path.name).write_bytes(path.read_bytes())
@@ -117,6 +160,59 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
+def hf_greedy_logprobs(model, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """HF's greedy tokens and, for each step, its log-softmax over the vocabulary (max_new_tokens, vocab).
+
+    HF's own incremental decode produces them (one cached forward per new token), not a forward over
+    the finished text: HF's prefill and decode paths differ where a config makes them (dt limits).
+    """
+    input_ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+    logprobs = torch.cat(out.logits).float().log_softmax(dim=-1)
+    return out.sequences[0, len(prompt_ids):].tolist(), logprobs
+
+
 def hf_last_logits(model, prompt_ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([prompt_ids])).logits[0, -1].float()
+
+
+# Issue 17's families, built like CONFIGS (every parameter HF initialises to a constant or a pattern
+# redrawn by `randomize`, expert_bias included), so that a weight loaded into the wrong place changes the tokens.
+FAMILY_CONFIGS = {
+    # The MLP width goes through LFM2's auto-adjustment (2/3 x 144 x 1.3, rounded up to 32: 128).
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        COMMON, **dict(ATTENTION, intermediate_size=144), num_hidden_layers=5,
+        layer_types=["conv", "full_attention", "conv", "conv", "full_attention"], block_multiple_of=32,
+        block_ffn_dim_multiplier=1.3, tie_word_embeddings=True)),
+    # Biases in the projections and the conv, a wider conv, legacy full_attn_idxs, untied embeddings.
+    "lfm2_bias": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        COMMON, **ATTENTION, num_hidden_layers=3, full_attn_idxs=[2], conv_bias=True, conv_L_cache=4,
+        block_auto_adjust_ff_dim=False)),
+    # One dense layer, then experts (sigmoid routing with a selection bias, renormalised and scaled).
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", dict(
+        COMMON, **ATTENTION, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+        num_dense_layers=1, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        routed_scaling_factor=1.5)),
+    # Untied embeddings, a non-default mixer eps, and biases on the projections as well as the conv.
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
+        COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, mixer_rms_eps=1e-3, use_bias=True)),
+}
+
+
+def build_family_model(name: str, directory: Path, tokenizer_dir: Path, dtype=torch.float32, seed: int = 0,
+                       **overrides):
+    """build_model for FAMILY_CONFIGS."""
+    config_class, model_class, kwargs = FAMILY_CONFIGS[name]
+    config = getattr(transformers, config_class)(**{**kwargs, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config)
+    randomize(model, seed)
+    model = model.to(dtype).eval()
+    model.save_pretrained(directory)
+    for path in tokenizer_dir.iterdir():
+        (directory / path.name).write_bytes(path.read_bytes())
+    return model

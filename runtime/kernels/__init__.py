@@ -44,6 +44,12 @@ from runtime.kernels.selective_scan import (
     selective_state_update_mamba1_ref,
     selective_state_update_mamba1_triton,
 )
+from runtime.kernels.short_conv import (
+    short_conv_fn_ref,
+    short_conv_fn_triton,
+    short_conv_update_ref,
+    short_conv_update_triton,
+)
 from runtime.kernels.ssd_scan import ssd_scan_ref, ssd_scan_triton
 from runtime.kernels.ssm_state_update import selective_state_update_ref, selective_state_update_triton
 
@@ -62,6 +68,8 @@ IMPLEMENTATIONS = {
     "rms_norm_gated": (rms_norm_gated_ref, rms_norm_gated_triton),
     "selective_scan": (selective_scan_ref, selective_scan_triton),
     "selective_state_update_mamba1": (selective_state_update_mamba1_ref, selective_state_update_mamba1_triton),
+    "short_conv_fn": (short_conv_fn_ref, short_conv_fn_triton),
+    "short_conv_update": (short_conv_update_ref, short_conv_update_triton),
 }
 
 backend = "torch"  # the references, until an engine binds
@@ -75,6 +83,8 @@ selective_state_update = selective_state_update_ref
 rms_norm_gated = rms_norm_gated_ref
 selective_scan = selective_scan_ref
 selective_state_update_mamba1 = selective_state_update_mamba1_ref
+short_conv_fn = short_conv_fn_ref
+short_conv_update = short_conv_update_ref
 
 
 def resolve_backend(requested: str, device: torch.device) -> str:

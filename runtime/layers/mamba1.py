@@ -16,6 +16,12 @@ from runtime.context import get_forward_context
 from runtime.layers.norm import RMSNorm
 
 
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight, in float32, cast back (HF's FalconMamba order of operations)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 class DtProjection(nn.Module):
     """dt_proj as HF stores it (weight and bias), applied without its bias: as in HF, the bias is added
     in float32 inside the scan, where it arrives as dt_bias."""
@@ -30,6 +36,8 @@ class DtProjection(nn.Module):
 
 
 class Mamba1Mixer(nn.Module):
+    """Implements runtime.cache.protocol.StateCacheLayer (conv state, then SSM state)."""
+
     def __init__(
         self,
         layer_idx: int,
@@ -42,8 +50,10 @@ class Mamba1Mixer(nn.Module):
         conv_bias: bool,
         proj_bias: bool,
         dt_bc_norm_eps: float | None = None,
+        dt_bc_norm_weights: bool = True,
     ):
-        """dt_bc_norm_eps: Jamba RMS-normalises dt, B and C after x_proj with this eps; None (Mamba) does not."""
+        """dt_bc_norm_eps: Jamba RMS-normalises dt, B and C after x_proj with this eps; None (Mamba) does not.
+        dt_bc_norm_weights=False: those norms have no weights (FalconMamba)."""
         super().__init__()
         self.layer_idx = layer_idx
         self.d_inner, self.d_state, self.d_conv, self.dt_rank = d_inner, d_state, d_conv, dt_rank
@@ -56,7 +66,9 @@ class Mamba1Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, hidden_size, bias=proj_bias)
         self.has_dt_bc_norms = dt_bc_norm_eps is not None
-        if self.has_dt_bc_norms:
+        self.dt_bc_norm_eps = dt_bc_norm_eps
+        self.dt_bc_norm_weights = dt_bc_norm_weights
+        if self.has_dt_bc_norms and dt_bc_norm_weights:
             self.dt_layernorm = RMSNorm(dt_rank, dt_bc_norm_eps)
             self.b_layernorm = RMSNorm(d_state, dt_bc_norm_eps)
             self.c_layernorm = RMSNorm(d_state, dt_bc_norm_eps)
@@ -75,8 +87,10 @@ class Mamba1Mixer(nn.Module):
         x, z = self.in_proj(hidden).chunk(2, dim=-1)
         x = self._conv(x)
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        if self.has_dt_bc_norms:
+        if self.has_dt_bc_norms and self.dt_bc_norm_weights:
             dt, B, C = self.dt_layernorm(dt), self.b_layernorm(B), self.c_layernorm(C)
+        elif self.has_dt_bc_norms:
+            dt, B, C = (rms_normalize(t, self.dt_bc_norm_eps) for t in (dt, B, C))
         dt = self.dt_proj(dt)
         return self.out_proj(self._ssm(x, dt, B, C, z))
 

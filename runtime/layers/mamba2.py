@@ -15,10 +15,13 @@ from torch import nn
 
 from runtime import kernels
 from runtime.context import get_forward_context
+from runtime.kernels.common import NO_DT_LIMIT
 from runtime.layers.norm import GatedRMSNorm
 
 
 class Mamba2Mixer(nn.Module):
+    """Implements runtime.cache.protocol.StateCacheLayer (conv state, then SSM state)."""
+
     def __init__(
         self,
         layer_idx: int,
@@ -45,9 +48,9 @@ class Mamba2Mixer(nn.Module):
         self.n_groups, self.d_state, self.d_conv = n_groups, d_state, d_conv
         self.conv_dim = d_inner + 2 * n_groups * d_state
         self.dt_limit = (float(dt_limit[0]), float(dt_limit[1]))
-        # HF's chunked scan clamps dt to the limit but its decode step never does; models whose limit
-        # is not (0, inf) pass (0, inf) here to decode exactly as HF does.
-        self.decode_dt_limit = self.dt_limit if decode_dt_limit is None else tuple(map(float, decode_dt_limit))
+        # HF's chunked scan clamps dt to the limit but its decode step never does (nor does mamba_ssm's
+        # selective_state_update), so decode follows HF with no limit unless a model asks for one.
+        self.decode_dt_limit = NO_DT_LIMIT if decode_dt_limit is None else tuple(map(float, decode_dt_limit))
         self.in_proj = nn.Linear(hidden_size, d_inner + self.conv_dim + num_heads, bias=proj_bias)
         # Holds the depthwise weights under HF's name; the kernels apply them.
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, bias=conv_bias)

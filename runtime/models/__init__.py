@@ -15,15 +15,20 @@ from runtime.models.interface import ModelDeclaration, validate_declaration
 REGISTRY: dict[str, str] = {
     "BambaForCausalLM": "runtime.models.bamba.declaration",
     "FalconH1ForCausalLM": "runtime.models.falcon_h1.declaration",
+    "FalconMambaForCausalLM": "runtime.models.falcon_mamba.declaration",
     "GraniteForCausalLM": "runtime.models.granite.declaration",
     "GraniteMoeHybridForCausalLM": "runtime.models.granitemoehybrid.declaration",
     "JambaForCausalLM": "runtime.models.jamba.declaration",
     "Lfm2ForCausalLM": "runtime.models.lfm2.declaration",
+    "Lfm2MoeForCausalLM": "runtime.models.lfm2_moe.declaration",
     "LlamaForCausalLM": "runtime.models.llama.declaration",
     "Mamba2ForCausalLM": "runtime.models.mamba2.declaration",
     "MambaForCausalLM": "runtime.models.mamba.declaration",
     "NemotronHForCausalLM": "runtime.models.nemotron_h.declaration",
+    "OlmoHybridForCausalLM": "runtime.models.olmo_hybrid.declaration",
     "Qwen3NextForCausalLM": "runtime.models.qwen3_next.declaration",
+    "Qwen3_5ForCausalLM": "runtime.models.qwen3_5.declaration",
+    "Qwen3_5MoeForCausalLM": "runtime.models.qwen3_5_moe.declaration",
     "Zamba2ForCausalLM": "runtime.models.zamba2.declaration",
 }
 

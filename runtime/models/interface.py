@@ -125,6 +125,11 @@ class ModelDeclaration:
     # "module:Class" of the torch implementation, or None while its forward pass has not landed.
     implementation: ClassVar[str | None] = None
     defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    # The SSM state dtype when neither the user nor config.json (`mamba_ssm_cache_dtype`) names one;
+    # None keeps the model dtype.
+    default_ssm_dtype: ClassVar[str | None] = None
+    # What `tandem plan` calls one stateful layer's per-sequence state.
+    state_name: ClassVar[str] = "mamba state"
 
     @classmethod
     def read_config(cls, raw: Mapping[str, Any]) -> HFConfig:
@@ -134,6 +139,11 @@ class ModelDeclaration:
     @classmethod
     def translate_legacy(cls, raw: dict[str, Any]) -> dict[str, Any]:
         return raw
+
+    @classmethod
+    def dims(cls, cfg: HFConfig) -> Any:
+        """The frozen dimensions the torch module is built from (see runtime.models.dims)."""
+        raise NotImplementedError(f"{cls.__name__} has no torch implementation to build")
 
     @classmethod
     def layout(cls, cfg: HFConfig) -> tuple[LayerKind, ...]:

@@ -51,6 +51,13 @@ async def prometheus_metrics(request: Request) -> PlainTextResponse:
                              media_type="text/plain; version=0.0.4")
 
 
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(request: Request) -> Response:
+    """Forget every cached prefix (vLLM's endpoint); requests in flight keep their pages."""
+    await _state(request).engine.call(_state(request).engine.engine.reset_prefix_cache)
+    return Response(status_code=200)
+
+
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     return await create_completion(_state(request), body, request)

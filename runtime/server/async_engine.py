@@ -140,6 +140,30 @@ class AsyncEngine:
         """Abort every request in flight; each one's consumer gets EngineStopped(reason)."""
         self.send(partial(self._abort_all, EngineStopped(reason)))
 
+    async def call(self, function: Callable[[], object]) -> object:
+        """Run `function` on the engine thread between steps and return its result."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def settle(error: Exception | None, result: object) -> None:
+            if not done.done():  # the awaiting handler may have been cancelled
+                done.set_exception(error) if error is not None else done.set_result(result)
+
+        def command() -> None:
+            error, result = None, None
+            try:
+                result = function()
+            except Exception as err:
+                error = err
+            try:
+                loop.call_soon_threadsafe(settle, error, result)
+            except RuntimeError:
+                pass  # the event loop is closed: nobody is waiting
+
+        if not self.send(command):
+            raise EngineStopped("the server is shutting down")
+        return await done
+
     def send(self, command: Callable[[], None] | None) -> bool:
         """Queue a command for the engine thread; False once it has stopped taking them."""
         with self._lock:

@@ -66,6 +66,9 @@ def render(stats: ServingStats, http_responses: Counter[tuple[str, str, int]], m
         ("requests_rejected_total", "counter", "Requests refused with 503: the waiting queue was full.",
          stats.rejected),
         ("requests_failed_total", "counter", "Requests failed by an error inside the engine.", stats.failed),
+        ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+         stats.prefix_cache_queries),
+        ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
     ]
     lines: list[str] = []
     for name, kind, help_text, value in single:

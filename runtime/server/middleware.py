@@ -11,6 +11,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runtime.server.errors import error_response
 from runtime.server.state import ServerState
 
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
 
 class TooLarge(HTTPException):
     def __init__(self, limit: int):
@@ -48,7 +50,8 @@ class Guard:
         """An error response for a request refused on its headers alone, or None."""
         headers = dict(scope["headers"])
         key = self.state.api_key
-        if key is not None and scope["path"].startswith("/v1"):
+        # /health and /metrics stay open for probes and scrapers; everything that serves or changes state is guarded.
+        if key is not None and scope["path"] not in OPEN_PATHS:
             sent = headers.get(b"authorization", b"").decode("latin-1")
             if not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
                 return error_response(401, "a valid API key is required: send the header `Authorization: Bearer KEY` "

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 import transformers
-from tiny_models import hf_greedy
+from tiny_models import hf_greedy_logprobs
 
 from runtime import LLM, SamplingParams
 from runtime.llm import DEFAULT_MODEL
@@ -27,12 +27,20 @@ def test_it_is_a_small_hybrid_in_hf_format():
 
 @pytest.mark.proves("BambaForCausalLM", "engine")
 def test_transformers_loads_it_and_agrees(llm):
+    """Greedy tokens alone say little about a model this overfit; every step's logprobs must agree too."""
     hf = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32).eval()
     prompts = ["Tandem is", "The scheduler", "Every model class declares"]
-    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=5)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     tokenizer = transformers.AutoTokenizer.from_pretrained(DEFAULT_MODEL)
     for prompt, output in zip(prompts, outputs):
-        assert output.outputs[0].token_ids == hf_greedy(hf, tokenizer.encode(prompt), 24)
+        tokens, logprobs = hf_greedy_logprobs(hf, tokenizer.encode(prompt), 24)
+        completion = output.outputs[0]
+        assert completion.token_ids == tokens
+        for step, top in enumerate(completion.logprobs):
+            ids = sorted(top)
+            assert set(logprobs[step].topk(5).indices.tolist()) <= set(ids)
+            torch.testing.assert_close(torch.tensor([top[t] for t in ids]), logprobs[step, ids], atol=1e-4, rtol=0)
 
 
 def test_it_writes_recognizable_text(llm):

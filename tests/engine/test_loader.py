@@ -50,7 +50,7 @@ def test_missing_shard(checkpoint):
 
 def test_no_weights(checkpoint):
     (checkpoint / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"no \*.safetensors weights"):
+    with pytest.raises(CheckpointError, match=r"no weights in .*: expected \*.safetensors \(or pytorch_model.bin\)"):
         LLM(checkpoint)
 
 
@@ -58,6 +58,25 @@ def test_missing_config(checkpoint):
     (checkpoint / "config.json").unlink()
     with pytest.raises(ValueError, match="no config.json"):
         LLM(checkpoint)
+
+
+def test_pytorch_model_bin_loads_like_safetensors(checkpoint):
+    expected = LLM(checkpoint, dtype="float32").generate(["The page"], GREEDY, use_tqdm=False)
+    torch.save(load_file(checkpoint / "model.safetensors"), checkpoint / "pytorch_model.bin")
+    (checkpoint / "model.safetensors").unlink()
+    loaded = LLM(checkpoint, dtype="float32").generate(["The page"], GREEDY, use_tqdm=False)
+    assert loaded[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+
+
+def test_rotary_inv_freq_tensors_are_skipped_as_hf_and_vllm_do(tmp_path, tiny_checkpoint):
+    llama = tmp_path / "llama"
+    shutil.copytree(tiny_checkpoint("llama")[0], llama)
+    expected = LLM(llama, dtype="float32").generate(["The page"], GREEDY, use_tqdm=False)
+    # Older Llama checkpoints saved the rotary buffer of every layer, with garbage-looking values.
+    rewrite(llama, lambda t: t.update({f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.full((8,), 7.0)
+                                       for i in range(2)}))
+    loaded = LLM(llama, dtype="float32").generate(["The page"], GREEDY, use_tqdm=False)
+    assert loaded[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
 
 
 def test_shape_mismatch_names_the_tensor(checkpoint):

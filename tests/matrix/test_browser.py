@@ -1,8 +1,10 @@
-"""A real browser (Debian's chromium, headless) opens the built supported-models page.
+"""A real browser (Debian's chromium, headless) opens the built site as a newcomer's server would show it.
 
-It checks that the table is laid out and visible, and that every status cell holds exactly
-one canonical glyph with no variation selector. Skips with a message where chromium is absent;
-CI installs it (.ci/run).
+Chromium runs with a fontconfig that lists only the DejaVu fonts, so it draws the page the way a
+Linux server or CI image without a colour emoji font does. The supported-models page is read back
+twice: its DOM (status cells, their glyphs and boxes, whether anything is clipped) and a screenshot,
+in which each status cell must show its glyph's own colours, not an empty box. Skips with a
+message where chromium is absent; CI installs it (.ci/run).
 """
 
 import json
@@ -16,33 +18,60 @@ from pathlib import Path
 import pytest
 
 from matrix.collect import FEATURE_LABELS, MODEL_TABLE_FEATURES, declarations
+from matrix.glyph_svg import DRAWINGS
 from matrix.vocabulary import MATRIX
 
+WIDTH = 1280  # the narrowest desktop the tables must be readable at
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--hide-scrollbars",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1400,1800", "--virtual-time-budget=5000", "--dump-dom",
+    "--force-device-scale-factor=1", "--virtual-time-budget=5000",
 ]
 
-# Runs in the page after load: measures the supported-models table and reads its cells as rendered.
+# Runs in the page after load: the supported-models table and its cells as rendered, each status
+# glyph's box (the drawn glyph where there is one, else the glyph's text), and anything clipped.
 PROBE = """
 <script>
 window.addEventListener("load", () => {
   const table = Array.from(document.querySelectorAll("article table"))
     .find(t => t.querySelector("th") && t.querySelector("th").textContent.trim() === "Architecture");
-  const result = {found: Boolean(table)};
+  const result = {found: Boolean(table), height: document.documentElement.scrollHeight};
+  const boxOf = (node) => {
+    const drawn = node.querySelector(".status-glyph");
+    let rect;
+    if (drawn) {
+      rect = drawn.getBoundingClientRect();
+    } else {
+      const text = Array.from(node.childNodes).find(n => n.nodeType === 3 && n.textContent.trim());
+      if (!text) return null;
+      const range = document.createRange();
+      range.selectNodeContents(text);
+      rect = range.getBoundingClientRect();
+    }
+    return [rect.left + window.scrollX, rect.top + window.scrollY, rect.width, rect.height];
+  };
+  const glyphOf = (node) => {
+    const drawn = node.querySelector(".status-glyph");
+    if (drawn) return {glyph: drawn.dataset.glyph, label: drawn.getAttribute("aria-label")};
+    const copy = node.cloneNode(true);
+    copy.querySelectorAll("sup").forEach(sup => sup.remove());
+    return {glyph: copy.textContent.trim(), label: null};
+  };
   if (table) {
     const box = table.getBoundingClientRect();
     const style = getComputedStyle(table);
     result.box = [box.width, box.height];
     result.visible = style.display !== "none" && style.visibility !== "hidden";
     result.headers = Array.from(table.querySelectorAll("thead th")).map(th => th.textContent.trim());
-    result.rows = Array.from(table.querySelectorAll("tbody tr")).map(tr => Array.from(tr.cells).map(td => {
-      const glyph = td.cloneNode(true);
-      glyph.querySelectorAll("sup").forEach(sup => sup.remove());
-      return {glyph: glyph.textContent.trim(), width: td.getBoundingClientRect().width};
-    }));
+    result.rows = Array.from(table.querySelectorAll("tbody tr")).map(tr => Array.from(tr.cells).map(td =>
+      Object.assign(glyphOf(td), {text: td.textContent.trim(), width: td.getBoundingClientRect().width,
+                                  box: boxOf(td)})));
   }
+  // A table or code block is clipped when its content is wider than what the page shows of it.
+  const article = document.querySelector("article").getBoundingClientRect();
+  result.clipped = Array.from(document.querySelectorAll("article table, article pre > code"))
+    .filter(el => el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > article.right + 1)
+    .map(el => el.textContent.trim().slice(0, 60));
   document.documentElement.setAttribute("data-probe", JSON.stringify(result));
 });
 </script>
@@ -57,6 +86,25 @@ def chromium() -> str:
                 "CI installs it, set TANDEM_CHROMIUM to use another binary")
 
 
+@pytest.fixture(scope="module")
+def no_emoji_fonts(tmp_path_factory) -> dict:
+    """The environment of a server without emoji fonts: a fontconfig that knows only DejaVu."""
+    listed = subprocess.run(["fc-list", ":", "file"], capture_output=True, text=True).stdout if shutil.which(
+        "fc-list") else ""
+    dirs = sorted({str(Path(line.split(":")[0]).parent) for line in listed.splitlines() if "DejaVu" in line})
+    if not dirs:
+        pytest.skip("no DejaVu fonts found (fc-list): install fonts-dejavu-core for the browser test")
+    home = tmp_path_factory.mktemp("fontconfig")
+    (home / "fonts.conf").write_text(
+        '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig>\n'
+        + "".join(f"  <dir>{d}</dir>\n" for d in dirs)
+        + f"  <cachedir>{home / 'cache'}</cachedir>\n</fontconfig>\n")
+    env = {**os.environ, "FONTCONFIG_FILE": str(home / "fonts.conf")}
+    fonts = subprocess.run(["fc-list"], capture_output=True, text=True, env=env).stdout
+    assert "emoji" not in fonts.lower(), fonts
+    return env
+
+
 class ProbeReader(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -67,37 +115,94 @@ class ProbeReader(HTMLParser):
             self.probe = dict(attrs).get("data-probe")
 
 
-def open_in_chromium(page: Path) -> dict:
+def run_chromium(page: Path, env: dict, height: int, *flags: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as profile:
         result = subprocess.run(
-            [chromium(), *FLAGS, f"--user-data-dir={profile}", page.as_uri()],
-            capture_output=True, text=True, timeout=120,
+            [chromium(), *FLAGS, f"--window-size={WIDTH},{height}", f"--user-data-dir={profile}", *flags,
+             page.as_uri()],
+            capture_output=True, text=True, timeout=120, env=env,
         )
     assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def probe(page: Path, env: dict, height: int = 1800) -> dict:
+    result = run_chromium(page, env, height, "--dump-dom")
     reader = ProbeReader()
     reader.feed(result.stdout)
     assert reader.probe, f"the probe did not run; chromium said: {result.stderr[-2000:]}"
     return json.loads(reader.probe)
 
 
-def test_the_supported_models_table_renders_with_canonical_glyphs(built_site):
-    built = built_site / "models/supported_models.html"
-    probe_page = built.with_name("browser_probe.html")  # next to the page, so its assets resolve
+def with_probe(built: Path) -> Path:
+    probe_page = built.with_name(f"probe_{built.name}")  # next to the page, so its assets resolve
     probe_page.write_text(built.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    return probe_page
 
-    probe = open_in_chromium(probe_page)
-    assert probe["found"], "no table headed Architecture on the supported-models page"
-    assert probe["visible"] and min(probe["box"]) > 0
-    status_columns = ["V1", *(FEATURE_LABELS[f] for f in MODEL_TABLE_FEATURES)]
-    assert probe["headers"][-len(status_columns):] == status_columns
+
+@pytest.fixture(scope="module")
+def supported_models(built_site, no_emoji_fonts, tmp_path_factory):
+    """(probe, screenshot) of the supported-models page, at the same size and with the same fonts."""
+    from PIL import Image
+
+    page = with_probe(built_site / "models/supported_models.html")
+    first = probe(page, no_emoji_fonts)
+    height = min(int(first["height"]) + 10, 8000)
+    found = probe(page, no_emoji_fonts, height)
+    shot = tmp_path_factory.mktemp("shot") / "supported_models.png"
+    run_chromium(page, no_emoji_fonts, height, f"--screenshot={shot}")
+    return found, Image.open(shot).convert("RGB")
+
+
+def status_columns() -> list[str]:
+    return ["V1", *(FEATURE_LABELS[f] for f in MODEL_TABLE_FEATURES)]
+
+
+def test_the_supported_models_table_renders_with_canonical_glyphs(supported_models):
+    found, _ = supported_models
+    assert found["found"], "no table headed Architecture on the supported-models page"
+    assert found["visible"] and min(found["box"]) > 0
+    columns = status_columns()
+    assert found["headers"][-len(columns):] == columns
 
     decls = declarations()
-    assert len(probe["rows"]) == len(decls)
+    assert len(found["rows"]) == len(decls)
     canonical = {glyph.char for glyph in MATRIX.values()}
-    for decl, row in zip(decls, probe["rows"]):
-        assert row[0]["glyph"] == decl.architecture
-        cells = row[-len(status_columns):]
+    for decl, row in zip(decls, found["rows"]):
+        assert row[0]["text"] == decl.architecture
+        cells = row[-len(columns):]
         for cell in cells:
             assert cell["glyph"] in canonical, f"{decl.architecture}: {cell['glyph']!r} is not one canonical glyph"
             assert len(cell["glyph"]) == 1 and cell["width"] > 0
+            assert cell["label"], f"{decl.architecture}: the {cell['glyph']} has no accessible label"
         assert cells[0]["glyph"] == MATRIX[decl.capabilities.engine.status].char
+
+
+def share_of_colour(image, box, rgb, tolerance: int = 60) -> float:
+    """The share of the pixels in `box` (x, y, width, height) within `tolerance` of `rgb`."""
+    x, y, w, h = (round(v) for v in box)
+    region = image.crop((x, y, x + max(w, 1), y + max(h, 1)))
+    pixels = list(region.get_flattened_data())
+    close = sum(1 for p in pixels if sum(abs(a - b) for a, b in zip(p, rgb)) <= tolerance)
+    return close / len(pixels)
+
+
+def test_every_status_cell_shows_its_glyphs_colours_without_emoji_fonts(supported_models):
+    """On a machine without a colour emoji font, a bare ✅ is an empty box: no green in the cell."""
+    found, image = supported_models
+    columns = len(status_columns())
+    missing = []
+    for row in found["rows"]:
+        for cell in row[-columns:]:
+            assert cell["box"], f"{row[0]['text']}: a status cell has no glyph"
+            share = share_of_colour(image, cell["box"], DRAWINGS[cell["glyph"]].rgb)
+            if share < 0.08:
+                missing.append(f"{row[0]['text']}: {cell['glyph']} shows {share:.0%} of {DRAWINGS[cell['glyph']].colour}")
+    assert not missing, "glyphs drawn without their colours (an empty box?):\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("page", ["models/supported_models.html", "usage/v1_guide.html", "cache_layout.html",
+                                  "index.html", "models/evidence.html"])
+def test_tables_and_code_blocks_are_not_clipped_at_1280_px(built_site, no_emoji_fonts, page):
+    found = probe(with_probe(built_site / page), no_emoji_fonts)
+    assert found["clipped"] == [], f"{page} at {WIDTH} px clips: {found['clipped']}"

@@ -8,8 +8,8 @@ from matrix.claims import read_claims
 from runtime.models.bamba.declaration import BambaForCausalLM
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import partial, supported
-from runtime.models.lfm2.declaration import Lfm2ForCausalLM
 from runtime.models.llama.declaration import LlamaForCausalLM
+from runtime.models.qwen3_next.declaration import Qwen3NextForCausalLM
 
 PAGE = "docs/models/evidence.md"
 TP_NOTE = "Attention heads split across ranks; Mamba heads not yet."
@@ -57,18 +57,24 @@ def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, ro
 
 
 def test_an_engine_cell_flipped_to_supported_fails_the_check(cli, root, monkeypatch):
-    monkeypatch.setattr(Lfm2ForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
-    monkeypatch.setattr(Lfm2ForCausalLM, "capabilities", capabilities(ON_ENGINE))
+    monkeypatch.setattr(Qwen3NextForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
+    monkeypatch.setattr(Qwen3NextForCausalLM, "capabilities", capabilities(ON_ENGINE))
     cli("render", "--root", str(root))
     ran = cli("check", "--root", str(root))
     assert ran.code == 1
-    assert ("Lfm2ForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test marked "
-            '@pytest.mark.proves("Lfm2ForCausalLM", "engine") or set the declaration to planned(...) in '
-            "runtime/models/lfm2/declaration.py") in ran.out
+    assert ("Qwen3NextForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test "
+            'marked @pytest.mark.proves("Qwen3NextForCausalLM", "engine") or set the declaration to planned(...) in '
+            "runtime/models/qwen3_next/declaration.py") in ran.out
+
+
+def remove_chunked_prefill_proofs(root):
+    # Both tests/engine/test_parity.py and test_scheduling.py prove chunked prefill, each with one decorator.
+    for path in ("tests/engine/test_parity.py", "tests/engine/test_scheduling.py"):
+        edit(root / path, "@pytest.mark.proves(", "@pytest.mark.slow(")
 
 
 def test_removing_a_proof_fails_the_check(cli, root):
-    edit(root / "tests/engine/test_scheduling.py", "@pytest.mark.proves(", "@pytest.mark.slow(")
+    remove_chunked_prefill_proofs(root)
     ran = cli("check", "--root", str(root))
     assert ran.code == 1
     unproven = [line for line in ran.out.splitlines() if "but no test proves it" in line]
@@ -76,12 +82,12 @@ def test_removing_a_proof_fails_the_check(cli, root):
 
 
 def test_a_proof_of_a_planned_cell_is_reported_not_failed(cli, root):
-    add_proof(root, "LlamaForCausalLM", "prefix caching")
+    add_proof(root, "LlamaForCausalLM", "CUDA graphs")
     cli("render", "--root", str(root))
     ran = cli("check", "--root", str(root))
     assert ran.code == 0, ran.out
     assert ran.out.startswith("docs are up to date")
-    assert ("warning: LlamaForCausalLM Prefix caching: 1 test prove(s) it (e.g. tests/test_proof_0.py::test_it) but "
+    assert ("warning: LlamaForCausalLM CUDA graphs: 1 test prove(s) it (e.g. tests/test_proof_0.py::test_it) but "
             "the declaration says planned; set it to supported() in runtime/models/llama/declaration.py") in ran.out
 
 
@@ -97,14 +103,15 @@ def test_the_evidence_page_lists_the_tests_by_architecture_and_claim():
     page = (ROOT / PAGE).read_text(encoding="utf-8")
     bamba = page[page.index("### BambaForCausalLM"):page.index("### FalconH1ForCausalLM")]
     assert "**V1 (engine)**: ✅ supported, " in bamba
-    assert "- `tests/engine/test_parity.py::test_greedy_tokens_match_transformers[bamba]`" in bamba
-    assert "**Chunked prefill**: ✅ supported, 1 test\n\n- `tests/engine/test_scheduling.py::" in bamba
+    assert "- `tests/engine/test_parity.py::test_greedy_tokens_and_logprobs_match_transformers[bamba]`" in bamba
+    assert "**Chunked prefill**: ✅ supported, 2 tests\n\n- `tests/engine/test_parity.py::" in bamba
+    assert "- `tests/engine/test_scheduling.py::test_chunked_prefill_equals_one_shot`" in bamba
     assert "| [`BambaForCausalLM`](#bambaforcausallm) | ✅ " in page
-    assert "| `Lfm2ForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
+    assert "| `Qwen3NextForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
 
 
 def test_an_unproven_cell_fails_the_strict_build(root, tmp_path):
-    edit(root / "tests/engine/test_scheduling.py", "@pytest.mark.proves(", "@pytest.mark.slow(")
+    remove_chunked_prefill_proofs(root)
     result = mkdocs_build(site_config(root), tmp_path / "site")
     assert result.returncode != 0
     assert "LlamaForCausalLM Chunked prefill: the declaration says supported but no test proves it" in result.stderr
@@ -117,8 +124,9 @@ def test_the_built_evidence_page_links_each_row_to_its_section(built_site):
 
 def test_each_tiny_model_case_proves_its_own_architecture():
     """A case named after a tiny model (tests/tiny_models.py) can only prove that model's architecture."""
-    from tiny_models import CONFIGS
+    from tiny_models import CONFIGS as TINY, FAMILY_CONFIGS
 
+    CONFIGS = {**TINY, **FAMILY_CONFIGS}
     cases = [(claim.test.partition("[")[2].rstrip("]"), claim) for claim in read_claims(ROOT)]
     checked = [(CONFIGS[case][1], claim.architecture, claim.test) for case, claim in cases if case in CONFIGS]
     assert checked

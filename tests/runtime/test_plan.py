@@ -26,10 +26,14 @@ HYBRIDS = [
     ("ibm-ai-platform__Bamba-9B", ["--dtype", "bfloat16", "--enable-prefix-caching"], 768, 2_147_840, 46.46),
     # granite-4.0-h-tiny: 48 heads x 64; conv 3*(3072+256), ssm 48*64*128 -> 806,400 B; attn 2*4*128*2 = 2048
     ("ibm-granite__granite-4.0-h-tiny", [], 400, 806_400, 1.59),
-    # Nemotron-H-8B: 8 groups; conv 3*(8192+2*8*128) + ssm 128*64*128 = 1,079,296 elems
-    ("nvidia__Nemotron-H-8B-Base-8K", [], 528, 2_158_592, 0.19),
-    # Nemotron-H-56B: 256 heads x 64, 8 groups, d_state 256: conv 3*20,480 + ssm 256*64*256
-    ("nvidia__Nemotron-H-56B-Base-8K", [], 2080, 8_511_488, 0.10),
+    # Nemotron-H-8B: 8 groups; conv 3*(8192+2*8*128) = 30,720 elems x 2 B + ssm 128*64*128 = 1,048,576 elems
+    # x 4 B (vLLM keeps Nemotron-H's SSM state in float32) = 4,255,744 B -> 16*ceil(4,255,744/65,536) = 1040
+    ("nvidia__Nemotron-H-8B-Base-8K", [], 1040, 4_255_744, 0.10),
+    # The option overrides that default: 1,079,296 elems x 2 B -> 528, as for Bamba
+    ("nvidia__Nemotron-H-8B-Base-8K", ["--mamba-ssm-dtype", "bfloat16"], 528, 2_158_592, 0.19),
+    # Nemotron-H-56B: 256 heads x 64, 8 groups, d_state 256: conv 3*20,480 x 2 B + ssm 256*64*256 x 4 B
+    ("nvidia__Nemotron-H-56B-Base-8K", [], 4128, 16_900_096, 0.05),
+    ("nvidia__Nemotron-H-56B-Base-8K", ["--mamba-ssm-dtype", "bfloat16"], 2080, 8_511_488, 0.10),
     # Falcon-H1-0.5B: d_ssm 1536; conv 3*(1536+256) + ssm 24*64*128; attn 2*2*64*2 = 512 B/token
     ("tiiuae__Falcon-H1-0.5B-Instruct", [], 800, 403_968, 1.39),
     # Zamba2-1.2B (legacy keys): 64 heads x 64, d_state 128; attn 32 kv x (2*2048/32 = 128) -> 16,384 B/token
@@ -51,6 +55,8 @@ ATTENTION_FREE = [
     ("state-spaces__mamba2-130m", 807_936),
     # Mamba-2 2.7b: 80 heads; conv 3*(5120+256) + ssm 80*64*128 = 671,488 elems x 4 B
     ("state-spaces__mamba2-2.7b", 2_685_952),
+    # FalconMamba-7B (reconstructed config): d_inner 2*4096; conv 3*8192 + ssm 8192*16 = 155,648 elems x 4 B
+    ("tiiuae__falcon-mamba-7b", 622_592),
 ]
 
 
@@ -120,6 +126,40 @@ def test_text_output_explains_the_layout():
     assert "block size     528 tokens" in result.stdout
     assert "padded by 0.69%" in result.stdout
     assert "(3, 8448) bfloat16 + (128, 64, 128) bfloat16" in result.stdout
+
+
+@pytest.mark.parametrize("fixture,args,dtype,reason", [
+    ("nvidia__Nemotron-H-8B-Base-8K", [], "float32", "the Nemotron-H default, as in vLLM"),
+    ("nvidia__Nemotron-H-8B-Base-8K", ["--mamba-ssm-dtype", "bf16"], "bfloat16", "set by --mamba-ssm-dtype"),
+    ("ibm-ai-platform__Bamba-9B", ["--dtype", "bfloat16"], "bfloat16", "the model dtype"),
+])
+def test_plan_says_which_state_dtype_it_used_and_why(fixture, args, dtype, reason):
+    result = plan(str(FIXTURES / fixture), *args)
+    assert result.returncode == 0, result.stderr
+    assert f"state dtype    {dtype} ({reason}" in result.stdout
+
+
+def config_asking_for(tmp_path, fixture: str, state_dtype: str) -> Path:
+    raw = json.loads((FIXTURES / fixture / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "mamba_ssm_cache_dtype": state_dtype}))
+    return tmp_path
+
+
+def test_the_state_dtype_config_json_asks_for_is_honoured(tmp_path):
+    # NVIDIA's newer Nemotron-H configs carry mamba_ssm_cache_dtype; on Bamba-9B float32 gives vLLM's 1040.
+    directory = config_asking_for(tmp_path, "ibm-ai-platform__Bamba-9B", "float32")
+    result = plan(str(directory), "--dtype", "bfloat16")
+    assert result.returncode == 0, result.stderr
+    assert "block size     1040 tokens" in result.stdout
+    assert "state dtype    float32 (asked for by mamba_ssm_cache_dtype in config.json)" in result.stdout
+    # ... and the option overrides config.json.
+    report = json.loads(plan(str(directory), "--dtype", "bfloat16", "--mamba-ssm-dtype", "bfloat16", "--json").stdout)
+    assert report["block_size"] == 528 and report["mamba"]["dtypes"] == ["bfloat16", "bfloat16"]
+
+
+def test_a_nemotron_config_asking_for_bfloat16_gets_it(tmp_path):
+    directory = config_asking_for(tmp_path, "nvidia__Nemotron-H-8B-Base-8K", "bfloat16")
+    assert json.loads(plan(str(directory), "--json").stdout)["block_size"] == 528
 
 
 def test_an_aligned_larger_block_is_kept():

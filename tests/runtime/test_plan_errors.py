@@ -108,7 +108,7 @@ def test_unknown_dtype():
 
 
 def test_memory_needs_max_model_len():
-    assert_error(plan(str(BAMBA), "--memory", "8GiB"), "--memory and --max-model-len go together")
+    assert_error(plan(str(BAMBA), "--memory", "8GiB"), "--kv-cache-memory and --max-model-len go together")
 
 
 def test_mamba_ssm_hybrid_config_is_refused(tmp_path):

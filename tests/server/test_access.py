@@ -14,6 +14,7 @@ from runtime import serve as serve_command_module
 
 KEY = "flag-key"
 ENV_KEY = "env-key"
+BEARER = {"Authorization": f"Bearer {KEY}"}
 READ_TIMEOUT_S = 1
 BIG_PROMPT_CHARS = 1_000_000  # allowed here, so that it is tokenized (for seconds) before it is refused
 WAIT_S = 60  # how long a test waits for the server to close a connection: far more than READ_TIMEOUT_S
@@ -43,6 +44,9 @@ def test_v1_needs_the_api_key(guarded):
     response = httpx.post(f"{guarded.url}/v1/completions", json={"model": MODEL, "prompt": "x"}, timeout=30)
     assert response.status_code == 401
     assert client(guarded, KEY).completions.create(model=MODEL, prompt="The page pool", max_tokens=2).usage
+    # Resetting the prefix cache changes the server's state: guarded like /v1.
+    assert httpx.post(f"{guarded.url}/reset_prefix_cache", timeout=30).status_code == 401
+    assert httpx.post(f"{guarded.url}/reset_prefix_cache", headers=BEARER, timeout=30).status_code == 200
 
 
 def test_health_and_metrics_stay_open(guarded):
@@ -62,7 +66,8 @@ def test_the_environment_variable_sets_the_key_when_the_flag_is_absent(monkeypat
 
 
 def test_openapi_pages_only_when_enabled(guarded, server):
-    assert httpx.get(f"{guarded.url}/openapi.json", timeout=30).status_code == 200
+    assert httpx.get(f"{guarded.url}/openapi.json", timeout=30).status_code == 401
+    assert httpx.get(f"{guarded.url}/openapi.json", headers=BEARER, timeout=30).status_code == 200
     for path in ("/openapi.json", "/docs", "/redoc"):
         assert httpx.get(f"{server.url}{path}", timeout=30).status_code == 404
 

@@ -13,6 +13,8 @@ METRICS = {
     "tandem_requests_finished_total": "counter",
     "tandem_requests_rejected_total": "counter",
     "tandem_requests_failed_total": "counter",
+    "tandem_prefix_cache_queries_total": "counter",
+    "tandem_prefix_cache_hits_total": "counter",
     "tandem_kv_cache_usage_perc": "gauge",
     "tandem_num_preemptions_total": "counter",
     "tandem_time_to_first_token_seconds": "histogram",

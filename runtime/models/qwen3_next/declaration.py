@@ -16,7 +16,11 @@ class Qwen3NextForCausalLM(ModelDeclaration):
     model_name = "Qwen3-Next"
     example_models = ("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.GATED_DELTANET})
-    capabilities = capabilities(planned("Gated DeltaNet layers have no kernel on the engine yet."))
+    state_name = "gated-deltanet state"
+    capabilities = capabilities(planned(
+        "Missing: the Gated DeltaNet kernels (chunked prefill over varlen batches, decode update) and the forward "
+        "pass (gated attention with partial rotary, sparse MoE with a shared expert)."
+    ))
     defaults = {
         "num_hidden_layers": 48,
         "num_attention_heads": 16,

@@ -1,0 +1,1 @@
+"""falcon_mamba: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

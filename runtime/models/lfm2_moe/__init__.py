@@ -1,0 +1,1 @@
+"""lfm2_moe: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

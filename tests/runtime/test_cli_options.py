@@ -1,0 +1,215 @@
+"""The command line as a newcomer meets it: --version, help, one spelling per option, one-line errors.
+
+Everything here runs `tandem` (as `python -m runtime`) in a subprocess, or reads the parser it builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.cli import SUBCOMMANDS, build_parser
+from runtime.config import EngineConfig
+from runtime.options import OPTION, flag_of
+
+ROOT = Path(__file__).parents[2]
+BAMBA = ROOT / "docs/configs/ibm-ai-platform__Bamba-9B"
+ENGINE_COMMANDS = ("plan", "generate", "serve", "chat")
+
+
+def tandem(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, **kwargs)
+
+
+def subparser(name: str) -> argparse.ArgumentParser:
+    parser = build_parser(only=name)
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_version():
+    result = tandem("--version")
+    assert result.returncode == 0 and result.stdout.strip().startswith("tandem 0."), result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_every_help_has_a_description_examples_and_help_for_each_option(name):
+    parser = subparser(name)
+    assert parser.description and len(parser.description) > 40
+    assert parser.epilog.startswith("examples:") and f"tandem {name}" in parser.epilog
+    for action in parser._actions:
+        assert action.help, f"tandem {name}: {action.option_strings or action.dest} has no help text"
+    result = tandem(name, "--help")
+    assert result.returncode == 0 and "examples:" in result.stdout
+
+
+def test_the_top_level_help_has_examples():
+    result = tandem("--help")
+    assert result.returncode == 0 and "examples:" in result.stdout and "tandem chat" in result.stdout
+
+
+def engine_flags(name: str) -> dict[str, tuple[str, ...]]:
+    parser = subparser(name)
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    return {a.dest: tuple(a.option_strings) for a in parser._actions
+            if a.dest in fields and a.option_strings and a.help != argparse.SUPPRESS}
+
+
+def test_every_engine_option_is_spelled_once_the_same_in_every_subcommand():
+    declared = {f.name: flag_of(f, f.metadata[OPTION]) for f in dataclasses.fields(EngineConfig)
+                if OPTION in f.metadata}
+    assert {"kv_cache_memory_bytes", "device", "kernel_backend", "max_model_len"} <= set(declared)
+    assert declared["kv_cache_memory_bytes"] == "--kv-cache-memory"
+    flags = {name: engine_flags(name) for name in ENGINE_COMMANDS}
+    for name, found in flags.items():
+        assert set(found) == set(declared), f"tandem {name} lacks {set(declared) - set(found)}"
+        for dest, spelling in found.items():
+            assert spelling[0] == declared[dest], (name, dest, spelling)
+    assert len({json.dumps(found, sort_keys=True) for found in flags.values()}) == 1
+
+
+def test_llm_takes_the_same_names_as_keywords():
+    from runtime.llm import LLM
+
+    with pytest.raises(TypeError, match="kv_cache_memory_bytes"):
+        LLM(kv_cache_memory=1)
+
+
+BAD_OPTIONS = [
+    (["--device", "gpu"], "invalid choice: 'gpu'"),
+    (["--kernel-backend", "cuda"], "invalid choice: 'cuda'"),
+    (["--kv-cache-memory", "0"], "invalid size '0'"),
+    (["--kv-cache-memory", "lots"], "invalid size 'lots'"),
+    (["--max-num-seqs", "0"], "must be a positive integer"),
+    (["--block-size", "x"], "invalid integer 'x'"),
+    (["--dtype", "int3"], "int3"),
+    (["--mamba-ssm-dtype", "float8"], "float8"),
+    (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", BAD_OPTIONS)
+def test_a_bad_option_is_one_line_and_exit_2(args, fragment):
+    assert_one_line_error(tandem("plan", str(BAMBA), *args), fragment)
+
+
+# The options are the same objects in every subcommand; these check that the engine commands,
+# which import torch, fail as early and as briefly (a value checked by the parser, one by the config).
+@pytest.mark.parametrize("args, fragment", [BAD_OPTIONS[0], BAD_OPTIONS[6]])
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_bad_option_of_an_engine_command_is_one_line_and_exit_2(command, args, fragment):
+    assert_one_line_error(tandem(command, *args, input="hi\n"), fragment)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has CUDA, so --device cuda works")
+def test_device_cuda_without_cuda_is_one_line_and_exit_2():
+    assert_one_line_error(tandem("generate", "--device", "cuda", "hi"), "no CUDA device", "--device cpu")
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has CUDA, so a CUDA engine does not fail")
+def test_a_failed_cuda_engine_leaves_an_earlier_cpu_engine_working(tiny_checkpoint):
+    from runtime.llm import LLM
+    from runtime.sampling_params import SamplingParams
+
+    directory = tiny_checkpoint("bamba")[0]
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    cpu = LLM(directory, dtype="float32", device="cpu")
+    before = cpu.generate(["The page"], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="no CUDA device"):
+        LLM(directory, dtype="float32", device="cuda")
+    after = cpu.generate(["The page"], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    assert after == before
+
+
+def test_plan_with_no_memory_is_an_error_not_zero_sequences():
+    assert_one_line_error(tandem("plan", str(BAMBA), "--kv-cache-memory", "0", "--max-model-len", "4096"),
+                          "invalid size '0'")
+
+
+def test_plan_with_a_tiny_pool_names_the_memory_it_needs():
+    result = tandem("plan", str(BAMBA), "--dtype", "bfloat16", "--kv-cache-memory", "1MiB", "--max-model-len", "4096")
+    assert_one_line_error(result, "holds 0 page ids", "raise --kv-cache-memory to at least")
+    assert "-" not in result.stderr.split("lower")[-1] or "lower" not in result.stderr
+    assert "sequences fit" not in result.stdout
+
+
+def test_plan_with_a_small_pool_suggests_a_positive_max_model_len():
+    result = tandem("plan", str(BAMBA), "--dtype", "bfloat16", "--kv-cache-memory", "80MiB",
+                    "--max-model-len", "4096")
+    assert_one_line_error(result, "raise --kv-cache-memory to at least", "lower --max-model-len to ")
+    suggested = int(result.stderr.split("lower --max-model-len to ")[1].split()[0].replace(",", ""))
+    assert 0 < suggested < 4096
+
+
+def test_plan_says_which_dtype_it_assumed():
+    # Bamba-9B's published config.json names no dtype; Falcon-H1's names bfloat16.
+    assert "dtype" not in json.loads((BAMBA / "config.json").read_text())
+    result = tandem("plan", str(BAMBA))
+    assert result.returncode == 0, result.stderr
+    assert "float32 (assumed: config.json names no dtype; pass --dtype)" in result.stdout
+    assert json.loads(tandem("plan", str(BAMBA), "--json").stdout)["dtype_source"] == "assumed"
+    assert "assumed" not in tandem("plan", str(BAMBA), "--dtype", "bfloat16").stdout
+    named = tandem("plan", str(ROOT / "docs/configs/tiiuae__Falcon-H1-0.5B-Instruct"))
+    assert "bfloat16" in named.stdout and "assumed" not in named.stdout
+
+
+def planned_configs() -> list[Path]:
+    """The kept configs whose architecture the engine cannot run yet."""
+    from runtime.hf_config import architecture_of, load_raw_config
+    from runtime.models import resolve
+    from runtime.models.interface import Status
+
+    return [d for d in sorted((ROOT / "docs/configs").iterdir()) if (d / "config.json").is_file()
+            and resolve(architecture_of(load_raw_config(d))).capabilities.engine.status
+            not in (Status.SUPPORTED, Status.PARTIAL)]
+
+
+def test_plan_on_a_planned_architecture_says_it_cannot_run_yet():
+    planned = planned_configs()
+    if not planned:
+        pytest.skip("every kept config's architecture runs on the engine")
+    result = tandem("plan", str(planned[0]))
+    assert result.returncode == 0, result.stderr
+    assert "planned: cannot run on the engine yet" in result.stdout.splitlines()[1]
+    assert "cannot run" not in tandem("plan", str(BAMBA)).stdout
+
+
+def test_a_closed_pipe_is_quiet():
+    """`tandem plan ... | head -1` where the reader has gone before tandem writes."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run([sys.executable, "-m", "runtime", "plan", str(BAMBA)], cwd=ROOT, stdout=write,
+                                stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert result.stderr == "", result.stderr
+    assert result.returncode == 141
+
+
+def test_a_closed_pipe_through_head_prints_no_traceback():
+    result = subprocess.run(f"{sys.executable} -m runtime plan {BAMBA} | head -1", shell=True, cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith("architecture") and result.stdout.count("\n") == 1
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr

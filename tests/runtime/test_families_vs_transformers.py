@@ -1,0 +1,67 @@
+"""Issue 17's declarations against the caches HF transformers allocates (as test_declarations_vs_transformers.py
+does for the older ones): layer layout, KV heads and head size, conv and recurrent state shapes.
+
+Each tiny config is built with transformers' own config class and saved with `save_pretrained`.
+HF keeps K conv columns where we keep K-1.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
+from transformers.cache_utils import DynamicLayer, LinearAttentionLayer  # noqa: E402
+
+from runtime.config import EngineConfig  # noqa: E402
+from runtime.models.interface import LayerKind  # noqa: E402
+
+COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=128, intermediate_size=64,
+              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+DELTANET = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8)
+TINY = {
+    "Lfm2MoeForCausalLM": ("Lfm2MoeConfig", dict(
+        COMMON, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"], conv_L_cache=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32)),
+    "FalconMambaForCausalLM": ("FalconMambaConfig", dict(hidden_size=64, num_hidden_layers=2, state_size=8,
+                                                         vocab_size=128)),
+    "Qwen3_5ForCausalLM": ("Qwen3_5TextConfig", dict(COMMON, **DELTANET, num_hidden_layers=4, head_dim=16)),
+    "Qwen3_5MoeForCausalLM": ("Qwen3_5MoeTextConfig", dict(
+        COMMON, **DELTANET, num_hidden_layers=4, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32)),
+    "OlmoHybridForCausalLM": ("OlmoHybridConfig", dict(COMMON, **DELTANET, num_hidden_layers=5)),
+    # Every linear-attention size left to OlmoHybridConfig's derivation, and two layers (the last one attends).
+    "OlmoHybridForCausalLM-derived": ("OlmoHybridConfig", dict(COMMON, num_hidden_layers=2, num_key_value_heads=None)),
+}
+
+
+def hf_cache(tmp_path, name):
+    config_class, kwargs = TINY[name]
+    config = getattr(transformers, config_class)(**kwargs)
+    config.architectures = [name.partition("-")[0]]
+    config.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(torch.arange(5)[None] % 100 + 1, cache=cache, use_cache=True)
+    return cache
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_layout_and_shapes_match_transformers(tmp_path, name):
+    cache = hf_cache(tmp_path, name)
+    layout = EngineConfig(str(tmp_path), dtype="float32").cache
+    assert len(layout.layers) == len(cache.layers)
+    for kind, layer in zip(layout.layers, cache.layers):
+        assert (kind.has_attention, kind.has_state) == (isinstance(layer, DynamicLayer),
+                                                        isinstance(layer, LinearAttentionLayer))
+        if kind.has_attention:
+            keys = layer.keys  # (batch, kv heads, tokens, head dim)
+            assert (layout.attention.num_kv_heads, layout.attention.head_size) == (keys.shape[1], keys.shape[3])
+        else:
+            conv = layer.conv_states[0]  # (batch, channels, K)
+            assert layout.mamba.shapes[0] == (conv.shape[2] - 1, conv.shape[1])
+            if kind is LayerKind.SHORT_CONV:
+                assert len(layout.mamba.shapes) == 1
+            else:
+                assert layout.mamba.shapes[1] == tuple(layer.recurrent_states[0].shape[1:])
