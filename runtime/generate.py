@@ -15,7 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="complete prompts (default model: the one shipped with Tandem)",
         description="Complete one or more prompts and print each prompt with its completion, token by token "
-                    "as it is generated. The first argument is the model when it is a directory (default: "
+                    "as it is generated. The first argument is the model when it is a directory, or a path "
+                    "followed by a prompt (default: "
                     "the small model shipped with Tandem). `-` as the prompt, or no prompt with a pipe on "
                     "stdin, reads the prompts from stdin, one per line. Ctrl-C stops and keeps what was "
                     "printed.",
@@ -38,10 +39,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def names_a_model(arg: str, followed: bool) -> bool:
+    """A directory is a model; so is, before a prompt, a word with a slash (a path or a hub id, which
+    the loader then refuses with its own message) rather than text, which has spaces."""
+    return arg != "-" and (Path(arg).is_dir() or (followed and "/" in arg and not any(c.isspace() for c in arg)))
+
+
 def split_model(args: list[str], stdin: TextIO) -> tuple[str | None, list[str]]:
-    """(model or None, prompts): the first argument is the model when it is a directory."""
+    """(model or None, prompts): the first argument is the model when it names one."""
     model = None
-    if args and args[0] != "-" and Path(args[0]).is_dir():
+    if args and names_a_model(args[0], followed=len(args) > 1):
         model, args = args[0], args[1:]
     if not args and not stdin.isatty():
         args = ["-"]
