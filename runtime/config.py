@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from runtime.cache.layout import CacheLayout, build_layout, resolve_block_size
 from runtime.cache.spec import AttentionSpec, MambaSpec
@@ -70,6 +71,9 @@ class EngineConfig:
     kernel_backend: str = field(default="auto", metadata=option(
         "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
         "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))
+    # As vLLM: a request asking for more top log-probabilities per token than this is refused.
+    max_logprobs: int = field(default=20, metadata=option(
+        "top log-probabilities per token a request may ask for at most", metavar="N"))
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
@@ -95,6 +99,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    @cached_property
+    def dims(self) -> Any:
+        """The model's frozen dimensions, read once; the loader builds the torch modules from them."""
+        return self.declaration.dims(self.hf_config)
 
     def _check_max_model_len(self) -> None:
         limit = self.hf_config.first("max_position_embeddings", "n_positions")
@@ -149,8 +158,8 @@ class EngineConfig:
             state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
-        # Mamba-1 has a state after every token; the other state layers only at chunk ends.
-        chunked = any(kind.has_state and kind is not LayerKind.MAMBA1 for kind in layers)
+        # Mamba-1 and short convolutions have a state after every token; the other state layers only at chunk ends.
+        chunked = any(kind.has_state and kind not in (LayerKind.MAMBA1, LayerKind.SHORT_CONV) for kind in layers)
         if self.enable_prefix_caching and chunked and decl.mamba_chunk_size(cfg) is None:
             raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
         block_size = resolve_block_size(

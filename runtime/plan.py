@@ -145,7 +145,7 @@ def engine_status(config: EngineConfig) -> dict[str, Any]:
 
 
 def prefix_cache_report(config: EngineConfig) -> dict[str, Any]:
-    """What prefix caching keeps: blocks of `block_size` tokens and, with state layers, a snapshot per cached boundary."""
+    """Prefix caching's blocks and, with state layers, the size of one snapshot (kept per cached boundary)."""
     layout, decl = config.cache, config.declaration
     chunk = decl.mamba_chunk_size(config.hf_config) if layout.mamba else None
     snapshot = layout.num_state_groups
@@ -220,5 +220,6 @@ def _format_prefix_cache(p: dict[str, Any]) -> list[str]:
         ids = "page id" if p["snapshot_page_ids"] == 1 else "page ids"
         lines.append(f"  snapshot     {p['snapshot_page_ids']} {ids} = {_bytes(p['snapshot_bytes'])} per cached "
                      "boundary: each state group's state, copied into")
-        lines.append("               free pages where a prompt chunk ends on a block boundary; evicted least recently used")
+        lines.append("               free pages where a prompt chunk ends on a block boundary; "
+                     "evicted least recently used")
     return lines

@@ -72,8 +72,11 @@ class ModelRunner:
             return self.config.num_pages
         budget = self.config.kv_cache_memory_bytes or default_cache_bytes(self.device)
         by_memory = budget // self.layout.bytes_per_page_id
-        # No point holding more pages than every sequence at full length could use.
+        # No point holding more pages than every sequence at full length could use, or, with prefix
+        # caching, as many again for cached blocks and snapshots.
         useful = self.config.max_num_seqs * self.layout.pages_per_sequence(self.config.derived_max_model_len)
+        if self.config.enable_prefix_caching:
+            useful *= 2
         return max(1, min(by_memory, useful))
 
     @torch.inference_mode()

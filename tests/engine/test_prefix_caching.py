@@ -9,6 +9,7 @@ the shared part, so a model with state resumes only where the cache chose to sna
 import random
 
 import pytest
+from tiny_models import FAMILY_CONFIGS, build_family_model
 
 from runtime import LLM, SamplingParams
 
@@ -27,8 +28,15 @@ VOCAB = 320  # tests/tiny_models.py
     pytest.param("falcon_h1", marks=pytest.mark.proves("FalconH1ForCausalLM", "prefix caching")),
     pytest.param("nemotron_h", marks=pytest.mark.proves("NemotronHForCausalLM", "prefix caching")),
     pytest.param("zamba2", marks=pytest.mark.proves("Zamba2ForCausalLM", "prefix caching")),
+    pytest.param("lfm2", marks=pytest.mark.proves("Lfm2ForCausalLM", "prefix caching")),
+    pytest.param("lfm2_moe", marks=pytest.mark.proves("Lfm2MoeForCausalLM", "prefix caching")),
+    pytest.param("falcon_mamba", marks=pytest.mark.proves("FalconMambaForCausalLM", "prefix caching")),
 ])
-def checkpoint(request, tiny_checkpoint):
+def checkpoint(request, tiny_checkpoint, tmp_path_factory, tokenizer_dir):
+    if request.param in FAMILY_CONFIGS:
+        directory = tmp_path_factory.mktemp(request.param)
+        build_family_model(request.param, directory, tokenizer_dir)
+        return directory
     return tiny_checkpoint(request.param)[0]
 
 
@@ -94,10 +102,19 @@ def test_prefix_ending_exactly_on_a_block_boundary(on, off):
     assert_all_free_after_reset(on)
 
 
-@pytest.mark.parametrize("length", ["inside a block", "on a boundary"])
-def test_exact_repeat(on, off, length):
+def test_exact_repeat_ending_inside_a_block(on, off):
+    check_exact_repeat(on, off, extra=5)
+
+
+def test_exact_repeat_ending_on_a_boundary(on, off):
+    check_exact_repeat(on, off, extra=0)
+
+
+# One parametrization (the architecture, on the fixture) per test: the matrix's static read of the proofs
+# names tests as pytest does only then.
+def check_exact_repeat(on, off, extra: int) -> None:
     size = block(on)
-    prompt = ids(3 * size + (5 if length == "inside a block" else 0), seed=3)
+    prompt = ids(3 * size + extra, seed=3)
     assert assert_same_tokens(on, off, [prompt]) == [0]
     # At least the last prompt token is computed again: its logits give the first new token.
     expected = (len(prompt) - 1) // size * size
