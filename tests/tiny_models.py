@@ -180,9 +180,8 @@ def hf_last_logits(model, prompt_ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([prompt_ids])).logits[0, -1].float()
 
 
-# Issue 17's families. Every parameter is random: the 1-D ones (norm weights, biases, D, dt bias) and
-# the ones HF initialises to a pattern (A_log's identical rows) are re-drawn around their initial
-# values, so that a weight we load into the wrong place, or forget, changes the tokens.
+# Issue 17's families, built like CONFIGS (every parameter HF initialises to a constant or a pattern
+# redrawn by `randomize`, expert_bias included), so that a weight loaded into the wrong place changes the tokens.
 FAMILY_CONFIGS = {
     # The MLP width goes through LFM2's auto-adjustment (2/3 x 144 x 1.3, rounded up to 32: 128).
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
@@ -193,46 +192,27 @@ FAMILY_CONFIGS = {
     "lfm2_bias": ("Lfm2Config", "Lfm2ForCausalLM", dict(
         COMMON, **ATTENTION, num_hidden_layers=3, full_attn_idxs=[2], conv_bias=True, conv_L_cache=4,
         block_auto_adjust_ff_dim=False)),
-}
-
-
-# Buffers that checkpoints carry and HF initialises to constants.
-RANDOM_BUFFERS = ("expert_bias",)
-
-
-def rerandomize(model, seed: int, scale: float = 0.2) -> None:
-    """Perturb every 1-D parameter, every one whose rows are all equal, and the RANDOM_BUFFERS, by scale x N(0, 1)."""
-    generator = torch.Generator().manual_seed(seed + 1)
-    buffers = [b for name, b in model.named_buffers() if name.rsplit(".", 1)[-1] in RANDOM_BUFFERS]
-    with torch.no_grad():
-        for param in [*model.parameters(), *buffers]:
-            if param.ndim == 1 or bool((param == param[:1]).all()):
-                noise = torch.randn(param.shape, generator=generator).to(param.dtype)
-                param.add_(noise * scale)
-
-
-def build_family_model(name: str, directory: Path, tokenizer_dir: Path, dtype=torch.float32, seed: int = 0,
-                       **overrides):
-    """build_model for FAMILY_CONFIGS, with every parameter random (see rerandomize)."""
-    config_class, model_class, kwargs = FAMILY_CONFIGS[name]
-    config = getattr(transformers, config_class)(**{**kwargs, **overrides})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_class)(config).eval()
-    rerandomize(model, seed)
-    model = model.to(dtype)
-    model.save_pretrained(directory)
-    for path in tokenizer_dir.iterdir():
-        (directory / path.name).write_bytes(path.read_bytes())
-    return model
-FAMILY_CONFIGS.update({
-    # Untied embeddings, a non-default mixer eps, and biases on the projections as well as the conv.
-    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
-        COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, mixer_rms_eps=1e-3, use_bias=True)),
-})
-FAMILY_CONFIGS.update({
-    # Two dense layers then experts (sigmoid routing with a selection bias, renormalised and scaled).
+    # One dense layer, then experts (sigmoid routing with a selection bias, renormalised and scaled).
     "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", dict(
         COMMON, **ATTENTION, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
         num_dense_layers=1, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
         routed_scaling_factor=1.5)),
-})
+    # Untied embeddings, a non-default mixer eps, and biases on the projections as well as the conv.
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
+        COMMON, num_hidden_layers=2, state_size=16, expand=2, time_step_rank=8, mixer_rms_eps=1e-3, use_bias=True)),
+}
+
+
+def build_family_model(name: str, directory: Path, tokenizer_dir: Path, dtype=torch.float32, seed: int = 0,
+                       **overrides):
+    """build_model for FAMILY_CONFIGS."""
+    config_class, model_class, kwargs = FAMILY_CONFIGS[name]
+    config = getattr(transformers, config_class)(**{**kwargs, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config)
+    randomize(model, seed)
+    model = model.to(dtype).eval()
+    model.save_pretrained(directory)
+    for path in tokenizer_dir.iterdir():
+        (directory / path.name).write_bytes(path.read_bytes())
+    return model

@@ -76,7 +76,11 @@ def test_generate_command(tiny_checkpoint):
     result = subprocess.run([sys.executable, "-m", "runtime", "generate", str(directory), "The page", "--max-tokens",
                              "5"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("The page")
+    # The command prints the prompt and then exactly the greedy completion the Python API gives.
+    expected = LLM(directory).generate(["The page"], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)
+    completion = expected[0].outputs[0]
+    assert len(completion.token_ids) == 5 or completion.finish_reason == "stop"
+    assert result.stdout == "The page" + completion.text + "\n"
 
 
 def test_generate_command_error_is_one_line(tmp_path):

@@ -193,5 +193,5 @@ def test_a_marker_that_proves_nothing_is_an_error(source, message):
 
 def test_the_repository_proofs_are_read():
     tests = {claim.test for claim in read_claims(ROOT)}
-    assert "tests/engine/test_parity.py::test_greedy_tokens_match_transformers[bamba]" in tests
+    assert "tests/engine/test_parity.py::test_greedy_tokens_and_logprobs_match_transformers[bamba]" in tests
     assert "tests/engine/test_scheduling.py::test_chunked_prefill_equals_one_shot" in tests

@@ -67,8 +67,14 @@ def test_an_engine_cell_flipped_to_supported_fails_the_check(cli, root, monkeypa
             "runtime/models/qwen3_next/declaration.py") in ran.out
 
 
+def remove_chunked_prefill_proofs(root):
+    # Both tests/engine/test_parity.py and test_scheduling.py prove chunked prefill, each with one decorator.
+    for path in ("tests/engine/test_parity.py", "tests/engine/test_scheduling.py"):
+        edit(root / path, "@pytest.mark.proves(", "@pytest.mark.slow(")
+
+
 def test_removing_a_proof_fails_the_check(cli, root):
-    edit(root / "tests/engine/test_scheduling.py", "@pytest.mark.proves(", "@pytest.mark.slow(")
+    remove_chunked_prefill_proofs(root)
     ran = cli("check", "--root", str(root))
     assert ran.code == 1
     unproven = [line for line in ran.out.splitlines() if "but no test proves it" in line]
@@ -97,14 +103,15 @@ def test_the_evidence_page_lists_the_tests_by_architecture_and_claim():
     page = (ROOT / PAGE).read_text(encoding="utf-8")
     bamba = page[page.index("### BambaForCausalLM"):page.index("### FalconH1ForCausalLM")]
     assert "**V1 (engine)**: ✅ supported, " in bamba
-    assert "- `tests/engine/test_parity.py::test_greedy_tokens_match_transformers[bamba]`" in bamba
-    assert "**Chunked prefill**: ✅ supported, 1 test\n\n- `tests/engine/test_scheduling.py::" in bamba
+    assert "- `tests/engine/test_parity.py::test_greedy_tokens_and_logprobs_match_transformers[bamba]`" in bamba
+    assert "**Chunked prefill**: ✅ supported, 2 tests\n\n- `tests/engine/test_parity.py::" in bamba
+    assert "- `tests/engine/test_scheduling.py::test_chunked_prefill_equals_one_shot`" in bamba
     assert "| [`BambaForCausalLM`](#bambaforcausallm) | ✅ " in page
     assert "| `Qwen3NextForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
 
 
 def test_an_unproven_cell_fails_the_strict_build(root, tmp_path):
-    edit(root / "tests/engine/test_scheduling.py", "@pytest.mark.proves(", "@pytest.mark.slow(")
+    remove_chunked_prefill_proofs(root)
     result = mkdocs_build(site_config(root), tmp_path / "site")
     assert result.returncode != 0
     assert "LlamaForCausalLM Chunked prefill: the declaration says supported but no test proves it" in result.stderr

@@ -1,9 +1,25 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from runtime.hf_config import HFConfig
+from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
-from runtime.models.shapes import attention_shape
+from runtime.models.shapes import kv_shape
+
+
+@dataclass(frozen=True)
+class LlamaDims(AttentionDims):
+    """Llama's, and Granite's with its multipliers (which Llama leaves at 1 and 1/sqrt(head_dim))."""
+
+    intermediate_size: int = 11008
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    mlp_bias: bool = False
+    residual_multiplier: float = 1.0
+    embedding_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
 
 class LlamaForCausalLM(ModelDeclaration):
@@ -21,4 +37,13 @@ class LlamaForCausalLM(ModelDeclaration):
 
     @classmethod
     def attention_shape(cls, cfg: HFConfig, tp: int) -> AttentionShape:
-        return attention_shape(cfg, tp)
+        dims = cls.dims(cfg)
+        return kv_shape(cls.architecture, dims.num_attention_heads, dims.num_key_value_heads, dims.head_dim, tp)
+
+    @classmethod
+    def dims(cls, cfg: HFConfig) -> LlamaDims:
+        return read_dims(LlamaDims, cfg, **attention_fields(cfg, {}), **cls.dims_overrides(cfg))
+
+    @classmethod
+    def dims_overrides(cls, cfg: HFConfig) -> dict:
+        return {}
