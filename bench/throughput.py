@@ -78,15 +78,15 @@ def run_tandem(directory: Path, dtype: str, ids: list[list[int]], output_len: in
     start = time.perf_counter()
     for p in ids:
         engine.add_request({"prompt_token_ids": p}, params)
-    step_times, first_token = [], None
+    step_times, first_token, generated = [], None, 0
     while engine.has_unfinished():
-        engine.step()
+        generated += sum(len(out.outputs[0].token_ids) for out in engine.step() if out.finished)
         step_times.append(time.perf_counter())
         if first_token is None and any(seq.output_token_ids for seq in engine.scheduler.running):
             first_token = step_times[-1] - start
     total = step_times[-1] - start
     return {"total_s": total, "ttft_s": first_token if first_token is not None else total,
-            "itl_s": (total - (first_token or total)) / max(1, output_len - 1)}
+            "itl_s": (total - (first_token or total)) / max(1, output_len - 1), "generated_tokens": generated}
 
 
 def run_hf(directory: Path, dtype: str, ids: list[list[int]], output_len: int) -> dict:

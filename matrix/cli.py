@@ -77,7 +77,9 @@ def run_check(args: argparse.Namespace) -> int:
     if proofs.failures:
         print(f"{len(proofs.failures)} supported or partial cell(s) with no proving test; see docs/contributing.md")
     if not files and not proofs.failures:
-        print(f"docs are up to date: {len(IDS)} generated regions, {len(results)} markdown files checked; "
+        pictures = sum(not r.doc.display.endswith(".md") for r in results)
+        print(f"docs are up to date: {len(IDS)} generated regions, {len(results) - pictures} markdown files and "
+              f"{pictures} diagrams checked; "
               f"{proofs.num_proven} supported or partial cells proven by {proofs.num_tests} tests")
     for warning in proofs.warnings:
         print(warning)
@@ -126,7 +128,7 @@ def run_lint(args: argparse.Namespace) -> int:
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="matrix_command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="matrix_command", metavar="COMMAND", required=True, help="what to do")
     root = argparse.ArgumentParser(add_help=False)
     root.add_argument(
         "--root", type=Path, default=DEFAULT_ROOT, help="repository root holding docs/ (default: this checkout)"
@@ -147,7 +149,15 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Mounts the commands as `tandem matrix ...`."""
-    add_commands(subparsers.add_parser("matrix", help="render and check the generated support tables in docs/"))
+    from runtime.cli import examples
+
+    add_commands(subparsers.add_parser(
+        "matrix", help="render and check the generated support tables in docs/",
+        description="Render and check what docs/ generates from the model declarations: the support tables, "
+                    "the `tandem plan` examples and the page-pool diagrams. `check` exits 1 when one is stale, a "
+                    "status glyph is not canonical, or a supported cell has no test that proves it.",
+        epilog=examples("tandem matrix render", "tandem matrix check", "tandem matrix print supported-models",
+                        "tandem matrix lint --fix docs/")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,3 +150,15 @@ def v1_features(root: Path) -> dict[str, Any]:
         rows.append(row)
     columns = [Column("Feature", "---")] + [Column(cell(family.name), ":-:") for family, _ in groups]
     return {"legend": LEGEND, "columns": columns, "rows": rows, "notes": footnotes.notes}
+
+
+def runtime_models(root: Path) -> dict[str, Any]:
+    """The home page's sentence of which models run on the engine and which are planned."""
+    def names(decls: Sequence[Declaration]) -> str:
+        listed = sorted({cell(d.model_name) for d in decls}, key=str.casefold)
+        return listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1]
+
+    decls = declarations()
+    running = [d for d in decls if engine(d).status in (Status.SUPPORTED, Status.PARTIAL)]
+    planned = [d for d in decls if d not in running]
+    return {"running": names(running), "planned": names(planned) if planned else ""}

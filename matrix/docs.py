@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from matrix import lint
+from matrix import diagram, lint
 from matrix.errors import UsageError
 from matrix.files import read_text
 from matrix.splice import Region, find_regions, is_stale, splice, validate
@@ -85,4 +85,16 @@ def examine(root: Path) -> list[Result]:
             stale=tuple(r.id for r in doc.regions if is_stale(doc.text, r, bodies[r.id])),
             findings=tuple(lint.findings_in(doc.text, doc.display)),
         ))
+    return results + examine_pictures(root)
+
+
+def examine_pictures(root: Path) -> list[Result]:
+    """The generated SVG files (matrix/diagram.py): whole files, stale when they differ from a fresh drawing."""
+    results = []
+    for picture in diagram.pictures(root):
+        path = root / picture.path
+        text = read_text(path, picture.path.as_posix()) if path.is_file() else ""
+        doc = DocFile(path, picture.path.as_posix(), text, ())
+        results.append(Result(doc, expected=picture.svg, stale=("page-pool diagram",) if text != picture.svg else (),
+                              findings=()))
     return results

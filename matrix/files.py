@@ -20,6 +20,7 @@ def read_text(path: Path, display: str) -> str:
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file in the same directory and os.replace, keeping the file's mode."""
     mode = path.stat().st_mode & 0o7777 if path.exists() else None
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from matrix import evidence, lint  # noqa: E402
-from matrix.docs import read_docs  # noqa: E402
+from matrix.docs import examine_pictures, read_docs  # noqa: E402
 from matrix.errors import MatrixError  # noqa: E402
 from matrix.glyph_svg import replace_glyphs  # noqa: E402
 from matrix.splice import find_regions, is_stale, splice  # noqa: E402
@@ -48,6 +48,9 @@ def on_pre_build(config) -> None:
     # of its declaration is only reported.
     for failure in proofs.failures:
         log.warning(failure)
+    for picture in examine_pictures(root):
+        if picture.changed:
+            log.warning(f"{picture.doc.display} is stale; {FIX}")
     for warning in proofs.warnings:
         log.info(warning)
     _bodies.clear()

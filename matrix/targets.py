@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from matrix import collect, configs, evidence
+from matrix import collect, configs, evidence, options_table
 from matrix.errors import UsageError
 from matrix.lint import findings_in
 from matrix.render import render
@@ -33,6 +33,8 @@ TARGETS = (
     Target("plan-example", "plan_example.md.j2",
            configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",
                                 "--kv-cache-memory", "8GiB", "--max-model-len", "4096")).collect),
+    Target("runtime-models", "runtime_models.md.j2", collect.runtime_models),
+    Target("engine-options", "engine_options.md.j2", options_table.engine_options),
     Target("plan-prefix-caching", "plan_example.md.j2",
            configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",
                                 "--enable-prefix-caching")).collect),

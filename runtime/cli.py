@@ -57,7 +57,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                         "tandem COMMAND --help"),
     )
     parser.add_argument("--version", action="version", version=f"tandem {tandem_version()}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=TandemParser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=TandemParser,
+                                       help="what to do; `tandem COMMAND --help` says more")
     for name, module in SUBCOMMANDS.items():
         if only in (None, name):
             importlib.import_module(module).add_parser(subparsers)

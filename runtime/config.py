@@ -10,12 +10,13 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from runtime.cache.layout import CacheLayout, build_layout, resolve_block_size
 from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
 from runtime.models import resolve
-from runtime.models.interface import ModelDeclaration
+from runtime.models.interface import LayerKind, ModelDeclaration
 from runtime.options import option, parse_size
 
 logger = logging.getLogger("tandem")
@@ -58,7 +59,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = field(default=True, metadata=option(
         "split long prompts over several steps"))
     kv_cache_memory_bytes: int | None = field(default=None, metadata=option(
-        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory less 10%% of its total)",
+        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory at start-up less 10%% "
+        "of its total; never more pages than max_num_seqs sequences of max_model_len tokens use)",
         flag="--kv-cache-memory", hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
     num_pages: int | None = field(default=None, metadata=option(
         "give the page pool's size in pages instead of bytes", metavar="N"))
@@ -67,7 +69,11 @@ class EngineConfig:
     device: str = field(default="auto", metadata=option(
         "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
     kernel_backend: str = field(default="auto", metadata=option(
-        "triton kernels on CUDA, the torch references elsewhere (auto), or force one", choices=KERNEL_BACKENDS))
+        "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
+        "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))
+    # As vLLM: a request asking for more top log-probabilities per token than this is refused.
+    max_logprobs: int = field(default=20, metadata=option(
+        "top log-probabilities per token a request may ask for at most", metavar="N"))
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
@@ -93,6 +99,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    @cached_property
+    def dims(self) -> Any:
+        """The model's frozen dimensions, read once; the loader builds the torch modules from them."""
+        return self.declaration.dims(self.hf_config)
 
     def _check_max_model_len(self) -> None:
         limit = self.hf_config.first("max_position_embeddings", "n_positions")
@@ -147,7 +158,9 @@ class EngineConfig:
             state = decl.mamba_state(cfg, tp, self.model_dtype, self.state_dtype.dtype)
             mamba = MambaSpec(state.shapes, state.dtypes)
         attn_shape = decl.attention_shape(cfg, tp) if any(kind.has_attention for kind in layers) else None
-        if self.enable_prefix_caching and mamba is not None and decl.mamba_chunk_size(cfg) is None:
+        # Mamba-1 and short convolutions have a state after every token; the other state layers only at chunk ends.
+        chunked = any(kind.has_state and kind not in (LayerKind.MAMBA1, LayerKind.SHORT_CONV) for kind in layers)
+        if self.enable_prefix_caching and chunked and decl.mamba_chunk_size(cfg) is None:
             raise ConfigError(f"{decl.architecture}: prefix caching needs a Mamba chunk size, which this model lacks")
         block_size = resolve_block_size(
             attn_bytes_per_token=None if attn_shape is None else AttentionSpec(

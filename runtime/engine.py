@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,15 +16,24 @@ from typing import Any
 import torch
 
 from runtime.cache.manager import CacheManager
+from runtime.cache.prefix import PrefixCache, prefix_block_size
 from runtime.config import EngineConfig
 from runtime.loader import load_tokenizer
 from runtime.models.interface import Feature, Status
 from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.runner import ModelRunner
-from runtime.sampler import Sampler
+from runtime.sampler import Sampler, SamplerOutput
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler, SchedulerLimits
 from runtime.sequence import Sequence
+from runtime.stats import (
+    BATCH_BUCKETS,
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    TTFT_BUCKETS,
+    EngineStats,
+    Histogram,
+)
 
 logger = logging.getLogger("tandem")
 
@@ -60,14 +70,36 @@ def eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
     return ids
 
 
+def make_prefix_cache(config: EngineConfig) -> PrefixCache | None:
+    if not config.enable_prefix_caching:
+        return None
+    decl = config.declaration
+    chunk_size = decl.mamba_chunk_size(config.hf_config) if decl.has_state() else None
+    return PrefixCache(config.cache, prefix_block_size(config.cache, chunk_size, config.attention_alignment))
+
+
 @dataclass
 class EngineCounters:
-    """Running totals since start, for the server's /metrics; generation never reads them."""
+    """Running totals since start, for `Engine.stats()`; generation never reads them."""
 
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    # Finished requests by finish reason: "stop", "length" or "abort".
+    # Finished requests by finish reason: "stop", "length", "abort" or "error".
     finished: Counter[str] = field(default_factory=Counter)
+    # Preemptions of requests that have finished; those of live ones are on their sequences.
+    preemptions_of_finished: int = 0
+    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    e2e_request_latency: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+
+
+@dataclass
+class Timing:
+    """When a request arrived and when it last got a token (time.monotonic), for the latency histograms."""
+
+    arrival: float
+    last_token: float | None = None
 
 
 class Engine:
@@ -77,7 +109,7 @@ class Engine:
         self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(config)
-        self.cache = CacheManager(config.cache, self.runner.num_pages)
+        self.cache = CacheManager(config.cache, self.runner.num_pages, prefix=make_prefix_cache(config))
         self.max_model_len = self._fit_max_model_len()
         limits = SchedulerLimits(config.max_num_seqs, config.derived_max_num_batched_tokens,
                                  config.enable_chunked_prefill)
@@ -90,9 +122,9 @@ class Engine:
         self.sampler = Sampler()
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self._ids = itertools.count()
-        self._arrivals = itertools.count()
         self._seqs: dict[str, Sequence] = {}
         self._generators: dict[str, torch.Generator | None] = {}
+        self._timings: dict[str, Timing] = {}
         self.counters = EngineCounters()
 
     def _fit_max_model_len(self) -> int:
@@ -131,7 +163,7 @@ class Engine:
                 f"the prompt has {len(token_ids)} tokens, more than fits in max_model_len={self.max_model_len} "
                 "with room for one new token; shorten the prompt or raise max_model_len"
             )
-        vocab = self.runner.model.config.vocab_size
+        vocab = self.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
@@ -141,6 +173,9 @@ class Engine:
                 raise ValueError(f"stop token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
             if params.seed is not None and not -(2**63) <= params.seed < 2**64:
                 raise ValueError(f"seed {params.seed} is out of range; use a 64-bit integer")
+            if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+                raise ValueError(f"logprobs={params.logprobs} is more than max_logprobs={self.config.max_logprobs}; "
+                                 "ask for fewer, or raise max_logprobs")
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
                     stream: bool = False) -> str:
@@ -150,11 +185,12 @@ class Engine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(request_id, token_ids, params, arrival=next(self._arrivals), prompt=text, stream=stream)
+        seq = Sequence(request_id, token_ids, params, prompt=text, stream=stream)
         self._seqs[request_id] = seq
         self._generators[request_id] = (
             torch.Generator(device=self.runner.device).manual_seed(params.seed) if params.seed is not None else None
         )
+        self._timings[request_id] = Timing(time.monotonic())
         self.scheduler.add(seq)
         self.counters.prompt_tokens += len(token_ids)
         return request_id
@@ -172,26 +208,96 @@ class Engine:
     # The step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, sample; return outputs of finished and streaming requests."""
+        """Schedule, run the model once, sample; return outputs of finished and streaming requests.
+
+        An error in one request's sampling or post-processing ends that request alone, with finish
+        reason "error"; the others in the step go on as if it had not been there. An error in the
+        forward pass raises: the batch ran as one, so no single request can be blamed.
+        """
         batch = self.scheduler.schedule()
         assert batch or not self.has_unfinished(), "the scheduler made no progress"
         if not batch:
             return []
+        self._copy_pages()  # cached snapshots into the states of sequences that resume from them
+        self.counters.batch_size.observe(len(batch.seqs))
         seqs, logits = self.runner.execute(batch)
         self.scheduler.update(batch)
+        self._copy_pages()  # states snapshotted at block boundaries, before they move on
         if not seqs:
             return []
-        banned = [self._banned(seq) for seq in seqs]
-        sampled = self.sampler(logits, [s.params for s in seqs], [self._generators[s.request_id] for s in seqs],
-                               banned)
+        sampled = self._sample(seqs, logits)
+        now = time.monotonic()
         outputs = []
-        for i, seq in enumerate(seqs):
-            self._append(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.sampled_logprobs[i])
-            if seq.is_finished or seq.stream:
-                outputs.append(self.output(seq))
-            if seq.is_finished:
-                self._forget(seq)
+        for seq, row in zip(seqs, sampled):
+            output = self._postprocess(seq, row, now)
+            if output is not None:
+                outputs.append(output)
         return outputs
+
+    def _copy_pages(self) -> None:
+        copies = self.cache.take_copies()
+        if copies:
+            self.runner.copy_pages(copies)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's reset_prefix_cache); requests in flight keep their pages."""
+        self.cache.reset_prefix_cache()
+        return True
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[tuple | Exception]:
+        """Per sequence, (token, top logprobs, sampled logprob), or the error that made it unsampleable.
+
+        The whole batch is sampled at once; if that fails, each row is sampled alone (its seeded
+        generator rewound first), so a row that cannot be sampled fails alone and the others get
+        the very tokens they would have got.
+        """
+        generators = [self._generators[s.request_id] for s in seqs]
+        states = [g.get_state() if g is not None else None for g in generators]
+        try:
+            return _rows(self._sample_rows(seqs, logits, generators))
+        except Exception:
+            logger.warning("sampling the batch of %d failed; sampling each request alone", len(seqs), exc_info=True)
+        for generator, state in zip(generators, states):
+            if generator is not None:
+                generator.set_state(state)
+        rows: list[tuple | Exception] = []
+        for i, seq in enumerate(seqs):
+            try:
+                rows += _rows(self._sample_rows([seq], logits[i : i + 1], generators[i : i + 1]))
+            except Exception as err:
+                rows.append(err)
+        return rows
+
+    def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor,
+                     generators: list[torch.Generator | None]) -> SamplerOutput:
+        return self.sampler(logits, [s.params for s in seqs], generators, [self._banned(s) for s in seqs])
+
+    def _postprocess(self, seq: Sequence, row: tuple | Exception, now: float) -> RequestOutput | None:
+        """Append the sampled token and check the stops; an error here ends this request alone."""
+        try:
+            if isinstance(row, Exception):
+                raise row
+            self._append(seq, *row)
+            self._observe_token(seq, now)
+            output = self.output(seq) if seq.is_finished or seq.stream else None
+        except Exception as err:
+            logger.warning("request %s failed: %s: %s", seq.request_id, type(err).__name__, err)
+            return self._fail(seq, f"{type(err).__name__}: {err}")
+        if seq.is_finished:
+            self._forget(seq)
+        return output
+
+    def _fail(self, seq: Sequence, reason: str) -> RequestOutput:
+        """End `seq` with finish reason "error", free its pages, and make its last output."""
+        if not seq.is_finished:
+            self.scheduler.finish(seq, "error")
+        seq.finish_reason = "error"
+        completion = CompletionOutput(0, "", list(seq.output_token_ids), finish_reason="error")
+        output = RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion], finished=True,
+                               num_preemptions=seq.num_preemptions, num_cached_tokens=seq.num_cached_tokens,
+                               error=reason)
+        self._forget(seq)
+        return output
 
     def _banned(self, seq: Sequence) -> list[int]:
         if len(seq.output_token_ids) >= seq.params.min_tokens:
@@ -250,9 +356,53 @@ class Engine:
             stop_reason=seq.stop_reason,
         )
         return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion],
-                             finished=seq.is_finished, num_preemptions=seq.num_preemptions)
+                             finished=seq.is_finished, num_preemptions=seq.num_preemptions,
+                             num_cached_tokens=seq.num_cached_tokens)
+
+    def _observe_token(self, seq: Sequence, now: float) -> None:
+        timing = self._timings[seq.request_id]
+        if timing.last_token is None:
+            self.counters.time_to_first_token.observe(now - timing.arrival)
+        else:
+            self.counters.inter_token_latency.observe(now - timing.last_token)
+        timing.last_token = now
 
     def _forget(self, seq: Sequence) -> None:
-        self.counters.finished[seq.finish_reason] += 1
+        counters = self.counters
+        counters.finished[seq.finish_reason] += 1
+        counters.preemptions_of_finished += seq.num_preemptions
+        timing = self._timings.pop(seq.request_id, None)
+        if timing is not None and seq.finish_reason in ("stop", "length"):
+            counters.e2e_request_latency.observe(time.monotonic() - timing.arrival)
         self._seqs.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
+
+    # What the engine reports --------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        """A frozen snapshot of the engine's state and totals since start (for /metrics and tests)."""
+        counters, scheduler = self.counters, self.scheduler
+        return EngineStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_pages_used=self.cache.num_pages - self.cache.num_free_pages,
+            num_pages_total=self.cache.num_pages,
+            num_preemptions=counters.preemptions_of_finished + sum(s.num_preemptions for s in self._seqs.values()),
+            prompt_tokens=counters.prompt_tokens,
+            generated_tokens=counters.generated_tokens,
+            finished=dict(counters.finished),
+            time_to_first_token=counters.time_to_first_token.snapshot(),
+            inter_token_latency=counters.inter_token_latency.snapshot(),
+            e2e_request_latency=counters.e2e_request_latency.snapshot(),
+            batch_size=counters.batch_size.snapshot(),
+            prefix_cache_queries=self.cache.num_queried_tokens,
+            prefix_cache_hits=self.cache.num_hit_tokens,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.model.config.vocab_size
+
+
+def _rows(sampled: SamplerOutput) -> list[tuple]:
+    return list(zip(sampled.token_ids, sampled.logprobs, sampled.sampled_logprobs))

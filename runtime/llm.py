@@ -36,6 +36,10 @@ class LLM:
         config = EngineConfig(model=str(model if model is not None else DEFAULT_MODEL), **options)
         self.engine = Engine(config)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (as vLLM's); requests in flight keep their pages. True when done."""
+        return self.engine.reset_prefix_cache()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers import AutoTokenizer
 
 from runtime.config import EngineConfig
+from runtime.dtypes import DTYPES
 from runtime.models.causal_lm import CausalLM
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # Buffers that older checkpoints saved and that HF and vLLM skip on load: we compute them.
@@ -89,19 +89,6 @@ def read_tensors(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]
         yield name, lambda tensor=tensor: tensor
 
 
-def hf_config(config: EngineConfig) -> PretrainedConfig:
-    """transformers' config object, built from our reading of config.json (any spelling we accept)."""
-    values = dict(config.hf_config)
-    return AutoConfig.for_model(values.pop("model_type"), **values)
-
-
-def module_config(config: EngineConfig):
-    """What the torch module is built from: the declaration's frozen dims where it reads them from
-    config.json itself (`dims`), else transformers' config object."""
-    dims = getattr(config.declaration, "dims", None)
-    return dims(config.hf_config) if dims is not None else hf_config(config)
-
-
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     previous = torch.get_default_dtype()
@@ -116,7 +103,7 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     with default_dtype(DTYPES[config.model_dtype]), device:
-        model = cls(module_config(config))
+        model = cls(config.dims)
     model.tie_weights()
     load_weights(model, checkpoint_files(config.model_dir))
     return model.eval()

@@ -13,7 +13,7 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     # One {token id: logprob} dict per generated token, when SamplingParams.logprobs is set.
     logprobs: list[dict[int, float]] | None = None
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
     def finished(self) -> bool:
@@ -28,3 +28,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_preemptions: int = 0
+    # Prompt tokens found in the prefix cache when the request was first scheduled (vLLM's field).
+    num_cached_tokens: int = 0
+    # Why the request failed (finish reason "error"): an error in its own sampling or post-processing.
+    error: str | None = None

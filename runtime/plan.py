@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from runtime.cache.layout import CacheLayout
+from runtime.cache.prefix import prefix_block_size
 from runtime.cli import examples
 from runtime.config import EngineConfig
 from runtime.hf_config import ConfigError
@@ -120,6 +121,8 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
                            "state_dtype": config.state_dtype.dtype, "state_dtype_from": config.state_dtype.reason}
         if layout.attention:
             report["padding_pct"] = round(spec.padding_pct, 4)
+    if config.enable_prefix_caching:
+        report["prefix_cache"] = prefix_cache_report(config)
     if memory is not None:
         report["fit"] = {"memory_bytes": memory, "max_model_len": max_model_len,
                          "pages_per_sequence": layout.pages_per_sequence(max_model_len),
@@ -139,6 +142,15 @@ def dtype_source(config: EngineConfig) -> str:
 def engine_status(config: EngineConfig) -> dict[str, Any]:
     support = config.declaration.capabilities.engine
     return {"status": support.status.value, "note": support.note or None}
+
+
+def prefix_cache_report(config: EngineConfig) -> dict[str, Any]:
+    """Prefix caching's blocks and, with state layers, the size of one snapshot (kept per cached boundary)."""
+    layout, decl = config.cache, config.declaration
+    chunk = decl.mamba_chunk_size(config.hf_config) if layout.mamba else None
+    snapshot = layout.num_state_groups
+    return {"block_size": prefix_block_size(layout, chunk, config.attention_alignment),
+            "snapshot_page_ids": snapshot, "snapshot_bytes": snapshot * layout.bytes_per_page_id}
 
 
 def _bytes(n: int) -> str:
@@ -192,9 +204,22 @@ def _format_pages(r: dict[str, Any]) -> list[str]:
     lines.append(page)
     lines.append(f"groups         {r['group_size']} layers per group: {r['num_attention_groups']} attention, "
                  f"{r['num_state_groups']} state; a page id spans {_bytes(r['bytes_per_page_id'])}")
+    if r.get("prefix_cache"):
+        lines.extend(_format_prefix_cache(r["prefix_cache"]))
     if "fit" in r:
         f = r["fit"]
         lines.append(f"fit            {_bytes(f['memory_bytes'])} holds {f['num_page_ids']:,} page ids; "
                      f"a sequence of {f['max_model_len']:,} tokens needs {f['pages_per_sequence']:,}: "
                      f"{f['max_num_sequences']:,} sequences fit")
+    return lines
+
+
+def _format_prefix_cache(p: dict[str, Any]) -> list[str]:
+    lines = [f"prefix cache   blocks of {p['block_size']} tokens, named by a chained hash of their tokens"]
+    if p["snapshot_page_ids"]:
+        ids = "page id" if p["snapshot_page_ids"] == 1 else "page ids"
+        lines.append(f"  snapshot     {p['snapshot_page_ids']} {ids} = {_bytes(p['snapshot_bytes'])} per cached "
+                     "boundary: each state group's state, copied into")
+        lines.append("               free pages where a prompt chunk ends on a block boundary; "
+                     "evicted least recently used")
     return lines

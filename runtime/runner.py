@@ -72,8 +72,11 @@ class ModelRunner:
             return self.config.num_pages
         budget = self.config.kv_cache_memory_bytes or default_cache_bytes(self.device)
         by_memory = budget // self.layout.bytes_per_page_id
-        # No point holding more pages than every sequence at full length could use.
+        # No point holding more pages than every sequence at full length could use, or, with prefix
+        # caching, as many again for cached blocks and snapshots.
         useful = self.config.max_num_seqs * self.layout.pages_per_sequence(self.config.derived_max_model_len)
+        if self.config.enable_prefix_caching:
+            useful *= 2
         return max(1, min(by_memory, useful))
 
     @torch.inference_mode()
@@ -83,6 +86,12 @@ class ModelRunner:
         with forward_context(step.context):
             hidden = self.model(step.input_ids, step.positions)
         return step.sample_seqs, self.model.compute_logits(hidden[step.logits_indices])
+
+    @torch.inference_mode()
+    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole page ids (every slab of the group), in order: a later copy may read an earlier one's target."""
+        for source, destination in copies:
+            self.pool[destination].copy_(self.pool[source])
 
     def prepare(self, batch: Batch) -> StepInputs:
         order = sorted(range(len(batch.seqs)), key=lambda i: not _is_decode(batch.seqs[i], batch.num_new_tokens[i]))

@@ -27,8 +27,14 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
     # Keep the smallest prefix whose mass reaches top_p (always at least one token).
     drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    # A top_p that rounds to 0 in float32 (1e-300, say) would drop every token; keep the top one, as vLLM.
+    drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+class SamplingError(ValueError):
+    """One request's values make its distribution impossible to sample; the engine fails that request alone."""
 
 
 class Sampler:
@@ -39,7 +45,7 @@ class Sampler:
         generators: list[torch.Generator | None],
         banned_token_ids: list[list[int]],
     ) -> SamplerOutput:
-        # A copy: the runner's logits are inference tensors, which banning tokens must not write into.
+        # A copy: the model's logits are inference tensors, which the bans below may not write into.
         logits = logits.to(torch.float32, copy=True)
         for row, banned in enumerate(banned_token_ids):
             if banned:
@@ -61,6 +67,12 @@ class Sampler:
         top_p = torch.tensor([p.top_p for p in params], device=device)
         logits = _filter_top_k_top_p(logits / temperature[:, None], top_k, top_p)
         probs = logits.softmax(dim=-1)
+        # multinomial on inf/nan fails on the CPU and may assert (killing the device) on CUDA: refuse first.
+        bad = ~(probs.isfinite().all(dim=-1) & (probs.sum(dim=-1) > 0))
+        if bad.any():
+            row = int(bad.nonzero()[0])
+            raise SamplingError(f"the sampling distribution is not finite (temperature {params[row].temperature}, "
+                                f"top_p {params[row].top_p}, top_k {params[row].top_k})")
         return torch.stack([
             torch.multinomial(row, 1, generator=generator).squeeze(0)
             for row, generator in zip(probs, generators)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+# As vLLM's _SAMPLING_EPS: a temperature below this is greedy. Dividing logits by it would overflow
+# float32 (1e-40 is 0 there) and hand inf/nan to the sampler.
+SAMPLING_EPS = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each new token and when to stop.
 
-    temperature 0 means greedy. `top_k` 0 or -1 and `top_p` 1 disable those filters.
+    temperature 0 (or below 1e-5) means greedy. `top_k` 0 or -1 and `top_p` 1 disable those filters.
     `logprobs=N` returns the N most likely tokens' log-probabilities at each step (plus
     the sampled one). Stop strings are removed from the returned text.
     """
@@ -34,12 +39,14 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         self._validate()
+        if self.temperature < SAMPLING_EPS:
+            object.__setattr__(self, "temperature", 0.0)
 
     def _validate(self) -> None:
         if self.n != 1:
             raise ValueError(f"n={self.n} is not supported; send the request n times with different seeds")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be non-negative and finite, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:

@@ -1,10 +1,12 @@
 """Continuous batching with chunked prefill and preemption by recompute. Pure Python.
 
 Each step spends a token budget: running sequences first (a decode needs one token, an
-unfinished prompt the rest of it, in chunks), then waiting ones in arrival order. When
-the pool runs out of pages, the most recently arrived running sequence is preempted:
-its pages are freed and it is recomputed from scratch later (its Mamba state cannot be
-rebuilt any other way).
+unfinished prompt the rest of it, in chunks), then waiting ones in arrival order. A waiting
+sequence starts from the longest prefix the cache holds (with prefix caching on), and its
+chunks end where the cache wants a state snapshot. When the pool runs out of pages, the
+running sequence admitted last (the last of `running`) is preempted: its pages are freed
+and it is recomputed later (its Mamba state cannot be rebuilt any other way), from its
+cached prefix if one is left.
 """
 
 from __future__ import annotations
@@ -60,18 +62,21 @@ class Scheduler:
             self._schedule_waiting(batch, budget - batch.num_tokens)
         return batch
 
-    def _chunk(self, seq: Sequence, budget: int) -> int:
-        """New tokens for `seq` this step, or 0 if it must wait for a larger budget."""
-        n = min(seq.num_uncomputed_tokens, budget)
-        if n < seq.num_uncomputed_tokens and not self.limits.enable_chunked_prefill:
+    def _chunk(self, seq: Sequence, budget: int, start: int) -> int:
+        """New tokens for `seq` from `start` this step, or 0 if it must wait for a larger budget."""
+        n = min(seq.num_tokens - start, budget)
+        if n < seq.num_tokens - start and not self.limits.enable_chunked_prefill:
             return 0
+        prefix = self.cache.prefix
+        if prefix is not None and self.limits.enable_chunked_prefill:
+            n = prefix.chunk_end(seq, start, start + n) - start
         return n
 
     def _schedule_running(self, batch: Batch, budget: int) -> bool:
         preempted, i = False, 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._chunk(seq, budget)
+            n = self._chunk(seq, budget, seq.num_computed_tokens)
             if n == 0:
                 i += 1
                 continue
@@ -92,11 +97,12 @@ class Scheduler:
     def _schedule_waiting(self, batch: Batch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
             seq = self.waiting[0]
-            n = self._chunk(seq, budget)
-            if n == 0 or not self.cache.can_allocate(seq, n):
+            hit = self.cache.lookup(seq)
+            n = self._chunk(seq, budget, hit.num_tokens)
+            if n == 0 or not self.cache.can_admit(seq, hit, n):
                 break
             self.waiting.popleft()
-            self.cache.allocate(seq, n)
+            self.cache.admit(seq, hit, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
@@ -112,14 +118,11 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
-    def update(self, batch: Batch) -> list[Sequence]:
-        """Account for the computed tokens; return the sequences that now need a new token."""
-        ready = []
+    def update(self, batch: Batch) -> None:
+        """Account for the computed tokens, and offer what they filled to the prefix cache."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
-            if seq.num_computed_tokens == seq.num_tokens:
-                ready.append(seq)
-        return ready
+            self.cache.commit(seq)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         seq.status = SequenceStatus.FINISHED

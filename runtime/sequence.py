@@ -19,7 +19,6 @@ class Sequence:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival: int
     prompt: str | None = None
     stream: bool = False
     status: SequenceStatus = SequenceStatus.WAITING
@@ -32,6 +31,12 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    # Prefix caching: the chained hash of each full block of token_ids (grown as tokens come),
+    # how many of the blocks this sequence holds are registered in the cache, and how many
+    # prompt tokens its first admission found cached.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    num_cached_tokens: int = 0
     # Per generated token: {token id: logprob}, when logprobs were requested.
     logprobs: list[dict[int, float]] = field(default_factory=list)
     cumulative_logprob: float = 0.0

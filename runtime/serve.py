@@ -8,13 +8,17 @@ loads), then the model loads and the server starts.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 from pathlib import Path
 
-from runtime.config import EngineConfig
 from runtime.cli import examples
+from runtime.config import EngineConfig
+from runtime.options import parse_size
 from runtime.plan import add_engine_arguments, engine_options
+
+API_KEY_ENV = "TANDEM_API_KEY"  # as vLLM's VLLM_API_KEY
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +40,56 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds that in-flight requests get to finish on SIGINT or SIGTERM (default 10)")
     add_engine_arguments(parser)
+    add_access_arguments(parser)
+    add_limit_arguments(parser)
     parser.set_defaults(run=run)
+
+
+def add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key", default=None,
+                        help=f"require `Authorization: Bearer KEY` on /v1/* (default: ${API_KEY_ENV}, else none)")
+    parser.add_argument("--enable-openapi", action="store_true", help="serve /docs and /openapi.json (off by default)")
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = _limits_defaults()
+    parser.add_argument("--max-request-bytes", type=parse_size, default=defaults.max_request_bytes,
+                        help="larger request bodies are refused with 413 (default 8MiB)")
+    parser.add_argument("--max-prompt-chars", type=int, default=None,
+                        help="longer prompts are refused before tokenization (default max-model-len * 16)")
+    parser.add_argument("--max-stop-strings", type=int, default=defaults.max_stop_strings,
+                        help=f"stop strings per request at most (default {defaults.max_stop_strings})")
+    parser.add_argument("--max-stop-string-chars", type=int, default=defaults.max_stop_string_chars,
+                        help=f"characters per stop string at most (default {defaults.max_stop_string_chars})")
+    parser.add_argument("--max-chat-messages", type=int, default=defaults.max_chat_messages,
+                        help=f"messages per chat request at most (default {defaults.max_chat_messages})")
+    parser.add_argument("--request-read-timeout", type=float, default=defaults.request_read_timeout,
+                        help="seconds a client gets to send a whole request, or its connection is closed "
+                             f"(default {defaults.request_read_timeout:g})")
+    parser.add_argument("--timeout-keep-alive", type=float, default=defaults.timeout_keep_alive,
+                        help=f"seconds an idle connection stays open (default {defaults.timeout_keep_alive:g})")
+
+
+def _limits_defaults():
+    from runtime.server.limits import ServerLimits  # torch-free, like this module
+
+    return ServerLimits()
+
+
+def server_limits(args: argparse.Namespace):
+    from runtime.server.limits import ServerLimits
+
+    return ServerLimits(max_request_bytes=args.max_request_bytes, max_prompt_chars=args.max_prompt_chars,
+                        max_stop_strings=args.max_stop_strings, max_stop_string_chars=args.max_stop_string_chars,
+                        max_chat_messages=args.max_chat_messages, request_read_timeout=args.request_read_timeout,
+                        timeout_keep_alive=args.timeout_keep_alive)
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise ValueError(f"the API key (--api-key or ${API_KEY_ENV}) is empty; give a key, or unset it")
+    return key
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -69,10 +122,11 @@ def bind(host: str, port: int) -> socket.socket:
 def run(args: argparse.Namespace) -> int:
     config = engine_config(args)
     check_server_options(args)
+    limits, key = server_limits(args), api_key(args)
     model_name = args.served_model_name or config.model_dir.resolve().name
     sock = bind(args.host, args.port)
     try:
-        server = build_server(config, args, model_name)
+        server = build_server(config, args, model_name, limits, key)
         # Uvicorn handles SIGINT and SIGTERM itself and, once it has shut down gracefully, raises the
         # signal again for the handler it found; that handler does nothing, so the exit status is 0.
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -86,25 +140,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str):
+def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str, limits, key: str | None):
     # Imported here: the server needs torch and FastAPI, and `tandem plan` needs neither.
-    from transformers import AutoTokenizer
+    from runtime.server import memory
+
+    memory.limit_arenas()  # before torch, the engine and uvicorn start their threads
 
     from runtime.engine import Engine
+    from runtime.loader import load_tokenizer
     from runtime.server.app import GracefulServer, build_app
     from runtime.server.async_engine import AsyncEngine
     from runtime.server.state import ServerState
+    from runtime.server.tokenize import TokenizerWorker
 
     engine = Engine(config)
-    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
-    if args.chat_template is not None:
-        tokenizer.chat_template = args.chat_template.read_text(encoding="utf-8")
+
+    def tokenizer():
+        # Two instances: the tokenizer worker's thread and the event loop must not share one.
+        loaded = load_tokenizer(config)
+        if args.chat_template is not None:
+            loaded.chat_template = args.chat_template.read_text(encoding="utf-8")
+        return loaded
+
     state = ServerState(
         engine=AsyncEngine(engine, args.max_waiting),
-        tokenizer=tokenizer,
+        tokenizer=tokenizer(),
+        tokenize=TokenizerWorker(tokenizer()),
         model_name=model_name,
-        model_path=str(config.model_dir),
         max_model_len=engine.max_model_len,
+        limits=limits,
+        api_key=key,
     )
-    return GracefulServer(build_app(state), args.host, args.port, args.shutdown_timeout,
-                          log_level="info" if args.verbose else "warning")
+    return GracefulServer(build_app(state, enable_openapi=args.enable_openapi), args.host, args.port,
+                          args.shutdown_timeout, log_level="info" if args.verbose else "warning")

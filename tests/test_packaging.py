@@ -1,10 +1,11 @@
 """The install pulls what the runtime needs; the docs toolchain is an extra that the test extra includes."""
 
 import ast
+from pathlib import Path
+
 import pytest
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
-from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 DOCS_TOOLS = ("mkdocs", "mkdocs-material", "pillow")

@@ -47,9 +47,9 @@ def resolve_block_size(
             logger.warning("block_size=%d ignored: the model has no attention layers", user_block_size)
         return None
     unit = alignment
-    if mamba_page is not None and prefix_caching:
-        # A Mamba state is kept per block boundary, and states exist only at chunk ends.
-        assert chunk_size, "prefix caching on a hybrid needs the Mamba chunk size"
+    if mamba_page is not None and prefix_caching and chunk_size:
+        # A Mamba state is kept per block boundary, and states exist only at chunk ends
+        # (Mamba-1 has no chunk size: its state exists after every token).
         unit = math.lcm(chunk_size, alignment)
     smallest = unit if mamba_page is None else min_hybrid_block_size(mamba_page, attn_bytes_per_token, unit)
     if user_block_size is None:

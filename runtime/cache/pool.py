@@ -13,10 +13,10 @@ import logging
 import torch
 
 from runtime.cache.layout import CacheLayout
+from runtime.cache.protocol import KVCacheLayer, StateCacheLayer
 from runtime.cache.spec import AttentionSpec, MambaSpec
+from runtime.dtypes import DTYPES
 from runtime.hf_config import ConfigError
-from runtime.layers.attention import PagedAttention
-from runtime.loader import DTYPES
 
 logger = logging.getLogger("tandem")
 
@@ -63,8 +63,8 @@ def _check(owner: str, what: str, module_value, spec_value) -> None:
 
 def bind_pool(model: torch.nn.Module, pool: torch.Tensor, layout: CacheLayout) -> None:
     """Give each cache-bearing layer its group and its views, checking them against the resolved specs."""
-    attention = sorted((m for m in model.modules() if isinstance(m, PagedAttention)), key=lambda m: m.layer_idx)
-    states = sorted((m for m in model.modules() if hasattr(m, "state_shapes")), key=lambda m: m.layer_idx)
+    attention = sorted((m for m in model.modules() if isinstance(m, KVCacheLayer)), key=lambda m: m.layer_idx)
+    states = sorted((m for m in model.modules() if isinstance(m, StateCacheLayer)), key=lambda m: m.layer_idx)
     name = type(model).__name__
     _check(name, "attention in layers", [m.layer_idx for m in attention], layout.attention_layers)
     _check(name, "state in layers", [m.layer_idx for m in states], layout.state_layers)
@@ -72,7 +72,7 @@ def bind_pool(model: torch.nn.Module, pool: torch.Tensor, layout: CacheLayout) -
         group, slab = divmod(j, layout.group_size)
         spec = layout.attention
         _check(f"{name} layer {module.layer_idx}", "KV heads x head size",
-               (module.num_kv_heads, module.head_size), (spec.num_kv_heads, spec.head_size))
+               module.kv_shape(), (spec.num_kv_heads, spec.head_size))
         module.bind(group, *attention_views(pool, slab, spec))
     for j, module in enumerate(states):
         group, slab = divmod(j, layout.group_size)

@@ -10,7 +10,10 @@ from runtime.context import get_forward_context
 
 
 class PagedAttention(nn.Module):
-    """Holds no weights: the model's attention block projects, this layer caches and attends."""
+    """Holds no weights: the model's attention block projects, this layer caches and attends.
+
+    Implements runtime.cache.protocol.KVCacheLayer.
+    """
 
     def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_size: int, scale: float):
         super().__init__()
@@ -20,6 +23,9 @@ class PagedAttention(nn.Module):
         self.group = -1  # attention group, set when the pool is bound
         self.k_cache: torch.Tensor | None = None  # (num_pages, block_size, num_kv_heads, head_size) view
         self.v_cache: torch.Tensor | None = None
+
+    def kv_shape(self) -> tuple[int, int]:
+        return self.num_kv_heads, self.head_size
 
     def bind(self, group: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         self.group, self.k_cache, self.v_cache = group, k_cache, v_cache

@@ -36,6 +36,8 @@ class DtProjection(nn.Module):
 
 
 class Mamba1Mixer(nn.Module):
+    """Implements runtime.cache.protocol.StateCacheLayer (conv state, then SSM state)."""
+
     def __init__(
         self,
         layer_idx: int,

@@ -20,6 +20,8 @@ from runtime.layers.norm import GatedRMSNorm
 
 
 class Mamba2Mixer(nn.Module):
+    """Implements runtime.cache.protocol.StateCacheLayer (conv state, then SSM state)."""
+
     def __init__(
         self,
         layer_idx: int,

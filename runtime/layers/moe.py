@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
+from runtime.layers.activation import activation
 from runtime.layers.mlp import GatedMLP
 
 # Where the softmax sits relative to the top-k, as each HF model defines it.
@@ -91,7 +91,7 @@ class PackedMoE(nn.Module):
         self.router = Router(hidden_size, num_experts)
         self.input_linear = StackedLinear(num_experts, hidden_size, 2 * intermediate_size)
         self.output_linear = StackedLinear(num_experts, intermediate_size, hidden_size)
-        self.act_fn = ACT2FN[act]
+        self.act_fn = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, hidden) -> (T, hidden)."""

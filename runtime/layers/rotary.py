@@ -1,38 +1,50 @@
-"""Rotary position embeddings, computed once per step and shared by every attention layer."""
+"""Rotary position embeddings, computed once per step and shared by every attention layer.
+
+The inverse frequencies follow HF's rope initialisers for the rope types our configs use
+(default, linear, llama3; dynamic scaling starts as default).
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
-from transformers import PretrainedConfig
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from runtime.models.dims import RopeDims
 
 
-def head_dim_of(config: PretrainedConfig) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+def inverse_frequencies(rope: RopeDims) -> torch.Tensor:
+    dim = rope.rotary_dim
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        return _llama3(inv_freq, rope)
+    return inv_freq
 
 
-def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
-    """HF's inverse frequencies and attention scaling for the config's rope type (llama3, yarn, ...)."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    rope_type = params.get("rope_type", "default")
-    if rope_type != "default":
-        return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-    base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+def _llama3(inv_freq: torch.Tensor, rope: RopeDims) -> torch.Tensor:
+    # Long wavelengths are slowed by `factor`, short ones kept, and those between interpolated.
+    old_len = rope.original_max_position_embeddings
+    low_wavelen, high_wavelen = old_len / rope.low_freq_factor, old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int):
+    def __init__(self, rope: RopeDims):
         super().__init__()
-        inv_freq, self.scaling = inverse_frequencies(config, head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", inverse_frequencies(rope), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

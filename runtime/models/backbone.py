@@ -6,11 +6,10 @@ and norms.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from runtime.models.causal_lm import CausalLM
 
@@ -30,7 +29,7 @@ class MixerBlock(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: PretrainedConfig, layers: Iterable[nn.Module], norm_f: nn.Module):
+    def __init__(self, config: Any, layers: Iterable[nn.Module], norm_f: nn.Module):
         super().__init__()
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
@@ -44,7 +43,7 @@ class Backbone(nn.Module):
 
 
 class BackboneForCausalLM(CausalLM):
-    def __init__(self, config: PretrainedConfig, layers: Iterable[nn.Module], norm_f: nn.Module):
+    def __init__(self, config: Any, layers: Iterable[nn.Module], norm_f: nn.Module):
         super().__init__(config)
         self.backbone = Backbone(config, layers, norm_f)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

@@ -1,16 +1,17 @@
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 
 class CausalLM(nn.Module):
     """What the model runner needs from every implementation."""
 
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: Any):
         super().__init__()
-        self.config = config
+        self.config = config  # the declaration's frozen dims
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: (T,) packed tokens of this step -> hidden states (T, hidden_size)."""

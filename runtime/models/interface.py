@@ -142,6 +142,11 @@ class ModelDeclaration:
         return raw
 
     @classmethod
+    def dims(cls, cfg: HFConfig) -> Any:
+        """The frozen dimensions the torch module is built from (see runtime.models.dims)."""
+        raise NotImplementedError(f"{cls.__name__} has no torch implementation to build")
+
+    @classmethod
     def layout(cls, cfg: HFConfig) -> tuple[LayerKind, ...]:
         raise NotImplementedError
 

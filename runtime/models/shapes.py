@@ -55,11 +55,15 @@ def mamba1_state_shape(
 
 def attention_shape(cfg: HFConfig, tp: int, head_size: int | None = None) -> AttentionShape:
     """KV heads per rank and head size from the usual keys; `head_size` overrides `head_dim`."""
-    model = cfg.architecture
     num_heads = cfg.positive_int("num_attention_heads")
     num_kv_heads = cfg.first("num_key_value_heads", default=num_heads)
     if head_size is None:
         head_size = cfg.first("head_dim", default=cfg.positive_int("hidden_size") // num_heads)
+    return kv_shape(cfg.architecture, num_heads, num_kv_heads, head_size, tp)
+
+
+def kv_shape(model: str, num_heads: int, num_kv_heads: int, head_size: int, tp: int) -> AttentionShape:
+    """One rank's KV heads: divided over the ranks, or replicated when there are fewer heads than ranks."""
     _require_divisible(model, "num_attention_heads", num_heads, tp)
     if num_kv_heads >= tp:
         _require_divisible(model, "num_key_value_heads", num_kv_heads, tp)

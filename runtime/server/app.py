@@ -15,7 +15,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from runtime.server import metrics
 from runtime.server.chat import create_chat_completion
 from runtime.server.completions import create_completion
+from runtime.server.connections import with_read_deadline
 from runtime.server.errors import error_response, install_error_handlers
+from runtime.server.middleware import Guard
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from runtime.server.state import ServerState
 
@@ -36,7 +38,8 @@ async def health(request: Request) -> Response:
 @router.get("/v1/models")
 async def models(request: Request) -> ModelList:
     state = _state(request)
-    card = ModelCard(id=state.model_name, created=state.created, root=state.model_path,
+    # `root` is the served name too: a filesystem path tells a client nothing it needs, and an attacker a lot.
+    card = ModelCard(id=state.model_name, created=state.created, root=state.model_name,
                      max_model_len=state.max_model_len)
     return ModelList(data=[card])
 
@@ -44,8 +47,15 @@ async def models(request: Request) -> ModelList:
 @router.get("/metrics")
 async def prometheus_metrics(request: Request) -> PlainTextResponse:
     state = _state(request)
-    return PlainTextResponse(metrics.render(state.engine.stats, state.model_name),
+    return PlainTextResponse(metrics.render(state.engine.stats, state.http_responses, state.model_name),
                              media_type="text/plain; version=0.0.4")
+
+
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(request: Request) -> Response:
+    """Forget every cached prefix (vLLM's endpoint); requests in flight keep their pages."""
+    await _state(request).engine.call(_state(request).engine.engine.reset_prefix_cache)
+    return Response(status_code=200)
 
 
 @router.post("/v1/completions")
@@ -58,7 +68,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     return await create_chat_completion(_state(request), body, request)
 
 
-def build_app(state: ServerState) -> FastAPI:
+def build_app(state: ServerState, enable_openapi: bool = False) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.engine.start()
@@ -68,11 +78,15 @@ def build_app(state: ServerState) -> FastAPI:
             # Uvicorn has let in-flight requests finish (or cancelled them after its timeout);
             # whatever the engine still holds is aborted here.
             await state.engine.stop()
+            state.tokenize.close()
 
-    app = FastAPI(title="Tandem", lifespan=lifespan)
+    # The OpenAPI pages describe every route and field to whoever asks: off unless asked for.
+    docs = {} if enable_openapi else {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = FastAPI(title="Tandem", lifespan=lifespan, **docs)
     app.state.server = state
     install_error_handlers(app)
     app.include_router(router)
+    app.add_middleware(Guard, state=state, paths=frozenset(route.path for route in router.routes))
     return app
 
 
@@ -88,16 +102,22 @@ class GracefulServer(uvicorn.Server):
     BACKSTOP_S = 5.0
 
     def __init__(self, app: FastAPI, host: str, port: int, shutdown_timeout: float, log_level: str):
-        super().__init__(uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
-                                        timeout_graceful_shutdown=shutdown_timeout + self.BACKSTOP_S))
         self.state: ServerState = app.state.server
+        limits = self.state.limits
+        super().__init__(uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
+                                        timeout_graceful_shutdown=shutdown_timeout + self.BACKSTOP_S,
+                                        http=with_read_deadline(limits.request_read_timeout),
+                                        timeout_keep_alive=limits.timeout_keep_alive))
         self.shutdown_timeout = shutdown_timeout
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
-            print(f"tandem serve: {self.state.model_name} on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+            # The bound port, which is the point with --port 0; tests read it back from this line.
+            host = f"[{host}]" if ":" in host else host
+            print(f"tandem serve: serving on http://{host}:{port} (model {self.state.model_name!r}, API at /v1)",
+                  file=sys.stderr, flush=True)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         abort = asyncio.get_running_loop().call_later(

@@ -18,7 +18,8 @@ from functools import partial
 from runtime.engine import Engine, Prompt
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
-from runtime.server.metrics import EngineStats
+from runtime.server import memory
+from runtime.server.metrics import ServingStats
 from runtime.server.protocol import InvalidField
 
 logger = logging.getLogger("tandem")
@@ -102,7 +103,7 @@ class AsyncEngine:
         assert max_waiting >= 0
         self.engine = engine
         self.max_waiting = max_waiting
-        self.stats = EngineStats()
+        self.stats = ServingStats(engine.stats())
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         # Taken to send a command and to stop, so that no command arrives after the last drain.
         self._lock = threading.Lock()
@@ -111,6 +112,8 @@ class AsyncEngine:
         self._handles: dict[str, RequestHandle] = {}
         self._rejected = 0
         self._failed = 0
+        # Set when a request finishes; the allocator's freed memory goes back to the system once idle.
+        self._trim_when_idle = False
         self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
 
     # Called from the event loop ---------------------------------------------------------------
@@ -136,6 +139,30 @@ class AsyncEngine:
     def abort_all(self, reason: str) -> None:
         """Abort every request in flight; each one's consumer gets EngineStopped(reason)."""
         self.send(partial(self._abort_all, EngineStopped(reason)))
+
+    async def call(self, function: Callable[[], object]) -> object:
+        """Run `function` on the engine thread between steps and return its result."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def settle(error: Exception | None, result: object) -> None:
+            if not done.done():  # the awaiting handler may have been cancelled
+                done.set_exception(error) if error is not None else done.set_result(result)
+
+        def command() -> None:
+            error, result = None, None
+            try:
+                result = function()
+            except Exception as err:
+                error = err
+            try:
+                loop.call_soon_threadsafe(settle, error, result)
+            except RuntimeError:
+                pass  # the event loop is closed: nobody is waiting
+
+        if not self.send(command):
+            raise EngineStopped("the server is shutting down")
+        return await done
 
     def send(self, command: Callable[[], None] | None) -> bool:
         """Queue a command for the engine thread; False once it has stopped taking them."""
@@ -163,7 +190,7 @@ class AsyncEngine:
         try:
             if self._stopped:
                 raise EngineStopped("the server is shutting down")
-            if len(self.engine.scheduler.waiting) >= self.max_waiting:
+            if self.engine.stats().num_waiting >= self.max_waiting:
                 self._rejected += 1
                 raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests, the --max-waiting limit); "
                                 "retry later")
@@ -178,7 +205,7 @@ class AsyncEngine:
     def _check_stop_token_ids(self, params: SamplingParams) -> None:
         # The engine bans stop tokens by indexing the logits: an id outside the vocabulary would fail
         # the step for every request in it.
-        vocab = self.engine.runner.model.config.vocab_size
+        vocab = self.engine.vocab_size
         bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidField(f"stop_token_ids: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
@@ -190,7 +217,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
-            while self._apply_commands(block=not self.engine.has_unfinished()):
+            while self._apply_commands(block=self._idle()):
                 self._publish_stats()
                 if self.engine.has_unfinished():
                     self._step()
@@ -202,6 +229,15 @@ class AsyncEngine:
             self._abort_all(EngineStopped("the server is shutting down"))
             self._drain()
             self._publish_stats()
+
+    def _idle(self) -> bool:
+        """True when there is nothing to step; first hands what the allocator holds free back to the system."""
+        if self.engine.has_unfinished():
+            return False
+        if self._trim_when_idle:
+            self._trim_when_idle = False
+            memory.trim()
+        return True
 
     def _apply_commands(self, block: bool) -> bool:
         """Run queued commands (waiting for one if `block`); False once a stop was asked for."""
@@ -235,7 +271,7 @@ class AsyncEngine:
             # each request in flight fails, and the loop goes on serving new ones.
             logger.exception("an engine step failed; failing the %d requests in flight", len(self._handles))
             self._failed += len(self._handles)
-            self._abort_all(EngineFailed(f"the engine failed while running this request: {err}"))
+            self._abort_all(EngineFailed(f"the engine failed while running this request: {type(err).__name__}"))
             return
         # Stats first: a client that has its final output finds its pages already counted free.
         self._publish_stats()
@@ -243,29 +279,25 @@ class AsyncEngine:
             handle = self._handles.get(output.request_id)
             if output.finished:
                 self._handles.pop(output.request_id, None)
+                self._trim_when_idle = True
+            if output.error is not None:
+                # This request alone failed (in its own sampling or post-processing); the others went on.
+                self._failed += 1
+                item = EngineFailed(f"the engine failed while running this request: {output.error}")
+            else:
+                item = output
             if handle is not None:
-                handle.deliver(output)
+                handle.deliver(item)
 
     def _abort_all(self, error: Exception) -> None:
-        scheduler = self.engine.scheduler
-        for seq in [*scheduler.running, *scheduler.waiting]:
-            self.engine.abort(seq.request_id)
+        # Every request the engine holds came through `_add`, and has a handle until it finishes.
+        for request_id in self._handles:
+            self.engine.abort(request_id)
         self._publish_stats()
         for handle in self._handles.values():
             handle.deliver(error)
         self._handles.clear()
 
     def _publish_stats(self) -> None:
-        engine, counters = self.engine, self.engine.counters
         # One assignment, so that the event loop always reads a consistent snapshot.
-        self.stats = EngineStats(
-            num_running=len(engine.scheduler.running),
-            num_waiting=len(engine.scheduler.waiting),
-            num_pages_used=engine.cache.num_pages - engine.cache.num_free_pages,
-            num_pages_total=engine.cache.num_pages,
-            prompt_tokens=counters.prompt_tokens,
-            generated_tokens=counters.generated_tokens,
-            finished=dict(counters.finished),
-            rejected=self._rejected,
-            failed=self._failed,
-        )
+        self.stats = ServingStats(self.engine.stats(), rejected=self._rejected, failed=self._failed)

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import Response
-from jinja2 import TemplateError
 
 from runtime.server.async_engine import RequestHandle
 from runtime.server.logprobs import chat_logprobs
@@ -26,25 +25,23 @@ from runtime.server.state import ServerState
 from runtime.server.streaming import EventStream, TextDeltas, guarded, result_unless_disconnected, sse
 
 
-def render_prompt(tokenizer, body: ChatCompletionRequest) -> dict:
-    """The prompt the chat template makes of the messages, as text and token ids."""
-    if not getattr(tokenizer, "chat_template", None):
+async def render_prompt(state: ServerState, body: ChatCompletionRequest) -> dict:
+    """The prompt the chat template makes of the messages, as text and token ids (on the tokenizer's thread)."""
+    if not getattr(state.tokenizer, "chat_template", None):
         raise ValueError("the model's tokenizer has no chat template, so messages cannot be turned into a prompt; "
                          "use /v1/completions, or start the server with --chat-template FILE")
+    state.limits.check_messages(len(body.messages))
     messages = [message.template_input() for message in body.messages]
-    try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt,
-                                             tokenize=False)
-    except TemplateError as err:
-        raise ValueError(f"the chat template refused these messages: {err}") from None
-    # The template writes the special tokens it wants (a BOS, say); encoding must not add them a second time.
-    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+    num_chars = sum(len(m["content"]) + len(m.get("name", "")) for m in messages)
+    state.limits.check_prompt_chars(num_chars, state.max_model_len, "messages")
+    return await state.tokenize.render_chat(messages, body.add_generation_prompt)
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
-    state.check_model(body.model)
+    state.check_request(body)
     params = body.sampling_params()
-    prompt = render_prompt(state.tokenizer, body)
+    state.limits.check_stop(params.stop)
+    prompt = await render_prompt(state, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     handle = await state.engine.add(prompt, params, request_id, stream=body.stream)
     if body.stream:

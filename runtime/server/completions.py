@@ -17,10 +17,15 @@ from runtime.server.streaming import EventStream, TextDeltas, guarded, result_un
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
-    state.check_model(body.model)
+    state.check_request(body)
     params = body.sampling_params()
+    state.limits.check_stop(params.stop)
+    prompt = body.engine_prompt()
+    if isinstance(prompt, str):
+        state.limits.check_prompt_chars(len(prompt), state.max_model_len, "prompt")
+        prompt = await state.tokenize.encode(prompt)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    handle = await state.engine.add(body.engine_prompt(), params, request_id, stream=body.stream)
+    handle = await state.engine.add(prompt, params, request_id, stream=body.stream)
     if body.stream:
         return EventStream(guarded(_chunks(state, body, handle, TextDeltas(params.stop)), handle))
     output = await result_unless_disconnected(request, handle)

@@ -1,50 +1,89 @@
-"""/metrics: the engine's state in Prometheus text format, written by hand (no client library needed)."""
+"""/metrics: the engine's state in Prometheus text format, written by hand (no client library needed).
+
+Names and meanings follow vLLM's (`vllm:X` is `tandem_X` here): the latency histograms, preemptions and
+the cache usage as a fraction; `http_requests_total` counts responses by status code, as vLLM's
+instrumentator does.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 
-FINISH_REASONS = ("stop", "length", "abort")
+from runtime.stats import EngineStats, HistogramSnapshot
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 @dataclass(frozen=True)
-class EngineStats:
+class ServingStats:
     """A snapshot taken by the engine thread after each step; the event loop only reads it."""
 
-    num_running: int = 0
-    num_waiting: int = 0
-    num_pages_used: int = 0
-    num_pages_total: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    finished: dict[str, int] = field(default_factory=dict)
+    engine: EngineStats
     rejected: int = 0
     failed: int = 0
+    def __getattr__(self, name: str):
+        # num_running, num_pages_used, finished, ...: the engine's.
+        return getattr(self.engine, name)
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(stats: EngineStats, model_name: str) -> str:
+def _header(name: str, kind: str, help_text: str) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+
+
+def _histogram(name: str, help_text: str, label: str, hist: HistogramSnapshot) -> list[str]:
+    lines = _header(name, "histogram", help_text)
+    for bound, count in zip(hist.buckets, hist.cumulative):
+        lines.append(f'{name}_bucket{{{label},le="{float(bound)}"}} {count}')
+    lines += [f'{name}_bucket{{{label},le="+Inf"}} {hist.count}', f"{name}_sum{{{label}}} {hist.sum}",
+              f"{name}_count{{{label}}} {hist.count}"]
+    return lines
+
+
+def render(stats: ServingStats, http_responses: Counter[tuple[str, str, int]], model_name: str) -> str:
+    """`http_responses`: responses by (method, path, status code)."""
+    engine = stats.engine
     label = f'model_name="{_escape(model_name)}"'
     single = [
-        ("num_requests_running", "gauge", "Requests in the running batch.", stats.num_running),
-        ("num_requests_waiting", "gauge", "Requests waiting to be scheduled.", stats.num_waiting),
-        ("cache_pages_used", "gauge", "Pages of the page pool held by requests.", stats.num_pages_used),
-        ("cache_pages_total", "gauge", "Pages in the page pool.", stats.num_pages_total),
-        ("prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", stats.prompt_tokens),
-        ("generation_tokens_total", "counter", "Tokens generated.", stats.generated_tokens),
+        ("num_requests_running", "gauge", "Requests in the running batch.", engine.num_running),
+        ("num_requests_waiting", "gauge", "Requests waiting to be scheduled.", engine.num_waiting),
+        ("cache_pages_used", "gauge", "Pages of the page pool held by requests.", engine.num_pages_used),
+        ("cache_pages_total", "gauge", "Pages in the page pool.", engine.num_pages_total),
+        ("kv_cache_usage_perc", "gauge", "Fraction of the page pool held by requests (1 = full).",
+         engine.kv_cache_usage),
+        ("num_preemptions_total", "counter", "Requests preempted (their pages freed, recomputed later).",
+         engine.num_preemptions),
+        ("prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", engine.prompt_tokens),
+        ("generation_tokens_total", "counter", "Tokens generated.", engine.generated_tokens),
         ("requests_rejected_total", "counter", "Requests refused with 503: the waiting queue was full.",
          stats.rejected),
         ("requests_failed_total", "counter", "Requests failed by an error inside the engine.", stats.failed),
+        ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+         stats.prefix_cache_queries),
+        ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
     ]
     lines: list[str] = []
     for name, kind, help_text, value in single:
-        lines += [f"# HELP tandem_{name} {help_text}", f"# TYPE tandem_{name} {kind}",
-                  f"tandem_{name}{{{label}}} {value}"]
-    name = "requests_finished_total"
-    lines += [f"# HELP tandem_{name} Finished requests by finish reason.", f"# TYPE tandem_{name} counter"]
-    lines += [f'tandem_{name}{{{label},finish_reason="{reason}"}} {stats.finished.get(reason, 0)}'
+        lines += _header(f"tandem_{name}", kind, help_text) + [f"tandem_{name}{{{label}}} {value}"]
+    name = "tandem_requests_finished_total"
+    lines += _header(name, "counter", "Finished requests by finish reason.")
+    lines += [f'{name}{{{label},finish_reason="{reason}"}} {engine.finished.get(reason, 0)}'
               for reason in FINISH_REASONS]
+    histograms = [
+        ("time_to_first_token_seconds", "Seconds from a request's arrival to its first token.",
+         engine.time_to_first_token),
+        ("inter_token_latency_seconds", "Seconds between two tokens of one request.", engine.inter_token_latency),
+        ("e2e_request_latency_seconds", "Seconds from arrival to the last token, of requests that finished "
+         "with stop or length.", engine.e2e_request_latency),
+        ("step_num_requests", "Requests in the batch of each engine step.", engine.batch_size),
+    ]
+    for name, help_text, hist in histograms:
+        lines += _histogram(f"tandem_{name}", help_text, label, hist)
+    lines += _header("http_requests_total", "counter", "HTTP responses by method, path and status code.")
+    lines += [f'http_requests_total{{method="{method}",handler="{_escape(path)}",status="{status}"}} {count}'
+              for (method, path, status), count in sorted(http_responses.items())]
     return "\n".join(lines) + "\n"

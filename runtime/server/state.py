@@ -1,24 +1,38 @@
-"""What every handler reads: the async engine, the served name, and a tokenizer of the event loop's own."""
+"""What every handler reads: the async engine, the served name, the limits, and the tokenizers."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+
+from pydantic import BaseModel
 
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.errors import APIError
+from runtime.server.limits import ServerLimits, check_text
+from runtime.server.tokenize import TokenizerWorker
 
 
 @dataclass(frozen=True)
 class ServerState:
     engine: AsyncEngine
-    # Used on the event loop only (chat templates, log-probability tokens); the engine thread has its own,
-    # because a tokenizer is not safe to share between threads.
+    # Used on the event loop only, for single tokens (log-probabilities); prompts and chat templates go
+    # to `tokenize`, a worker thread with a tokenizer of its own (a tokenizer is not safe to share).
     tokenizer: object
+    tokenize: TokenizerWorker
     model_name: str
-    model_path: str
     max_model_len: int
+    limits: ServerLimits = ServerLimits()
+    api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # Responses by (method, route, status code), for /metrics; touched by the event loop only.
+    http_responses: Counter = field(default_factory=Counter)
+
+    def check_request(self, body: BaseModel) -> None:
+        """What every generation request passes before anything else: the model's name and valid text."""
+        self.check_model(body.model)
+        check_text(body.model_dump())
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:

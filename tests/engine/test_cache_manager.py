@@ -24,7 +24,7 @@ def layout(tmp_path):
 
 
 def seq(n: int, i: int = 0) -> Sequence:
-    return Sequence(str(i), list(range(1, n + 1)), SamplingParams(max_tokens=8), arrival=i)
+    return Sequence(str(i), list(range(1, n + 1)), SamplingParams(max_tokens=8))
 
 
 def test_hybrid_layout_of_the_test_model(layout):
@@ -63,7 +63,7 @@ def test_decode_grows_the_block_table_only_at_block_boundaries(layout):
     assert cache.pages_needed(s, 1) == 0
 
 
-def test_preemption_frees_the_latest_arrival_and_resets_it(layout):
+def test_preemption_frees_the_last_admitted_and_resets_it(layout):
     cache = CacheManager(layout, num_pages=7)
     scheduler = Scheduler(cache, SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=1000))
     first, second = seq(40, 0), seq(40, 1)

@@ -201,3 +201,23 @@ def test_stop_string_spanning_two_known_tokens(llm):
     assert stopped.text == text[: len(prefix) - 1]
     kept = greedy(llm, ignore_eos=True, max_tokens=24, stop=[pair], include_stop_str_in_output=True)
     assert kept.text == text[: len(prefix) + 1]
+
+
+def test_skip_special_tokens(llm):
+    """A near-uniform draw soon emits one of the tokenizer's special tokens (<pad>, <s>, </s>); the text
+    leaves it out unless skip_special_tokens=False."""
+    tokenizer = llm.get_tokenizer()
+    special = set(tokenizer.all_special_ids)
+    params = [SamplingParams(temperature=20.0, seed=seed, max_tokens=NEW_TOKENS, ignore_eos=True) for seed in range(64)]
+    outputs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
+    seed = next(i for i, o in enumerate(outputs) if special & set(o.outputs[0].token_ids))
+    tokens = outputs[seed].outputs[0].token_ids
+    kept = llm.generate([PROMPT], SamplingParams(temperature=20.0, seed=seed, max_tokens=NEW_TOKENS, ignore_eos=True,
+                                                 skip_special_tokens=False), use_tqdm=False)[0].outputs[0]
+    assert kept.token_ids == tokens
+    names = {tokenizer.convert_ids_to_tokens(t) for t in special & set(tokens)}
+    assert all(name in kept.text for name in names)
+    assert kept.text == tokenizer.decode(tokens, skip_special_tokens=False)
+    skipped = outputs[seed].outputs[0].text
+    assert not any(name in skipped for name in names)
+    assert skipped == tokenizer.decode([t for t in tokens if t not in special])

@@ -182,7 +182,7 @@ def share_of_colour(image, box, rgb, tolerance: int = 60) -> float:
     """The share of the pixels in `box` (x, y, width, height) within `tolerance` of `rgb`."""
     x, y, w, h = (round(v) for v in box)
     region = image.crop((x, y, x + max(w, 1), y + max(h, 1)))
-    pixels = list(region.getdata())
+    pixels = list(region.get_flattened_data())
     close = sum(1 for p in pixels if sum(abs(a - b) for a, b in zip(p, rgb)) <= tolerance)
     return close / len(pixels)
 

@@ -53,29 +53,41 @@ def test_a_changed_declaration_fails_the_check_until_render(cli, root, monkeypat
     assert snapshot(ROOT / "docs") == real_docs
 
 
+FAMILY_ROW = "| Decoder-only attention | Granite, Llama |"
+
+
 @pytest.mark.parametrize(
-    "supported_models, planned_models, family_cell",
+    "supported_models, planned_models, family_row",
     [
-        ([LlamaForCausalLM, GraniteForCausalLM], [], "| Decoder-only attention | Granite, Llama | 🟢 Functional |"),
+        ([LlamaForCausalLM, GraniteForCausalLM], [], f"{FAMILY_ROW} 🟢 Functional |  |"),
         (
             [LlamaForCausalLM],
             [GraniteForCausalLM],
-            "| Decoder-only attention | Granite, Llama | 🟡 WIP | supported: Llama; planned: Granite<br>"
-            "Granite: Not yet. |",
+            f"{FAMILY_ROW} 🟡 WIP | supported: Llama; planned: Granite<br>Granite: Not yet. |",
         ),
-        ([], [LlamaForCausalLM, GraniteForCausalLM], "| Decoder-only attention | Granite, Llama | 🚧 Planned |"),
+        ([], [LlamaForCausalLM, GraniteForCausalLM], f"{FAMILY_ROW} 🚧 Planned | Not yet. |"),
     ],
 )
 def test_family_status_follows_the_engine_status(cli, root, monkeypatch, supported_models, planned_models,
-                                                 family_cell):
+                                                 family_row):
     for model in supported_models:
         monkeypatch.setattr(model, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
         monkeypatch.setattr(model, "capabilities", capabilities(supported()))
     for model in planned_models:
         monkeypatch.setattr(model, "implementation", None)
         monkeypatch.setattr(model, "capabilities", capabilities(planned("Not yet.")))
-    cli("render", "--root", str(root))
-    assert family_cell in (root / "docs/usage/v1_guide.md").read_text(encoding="utf-8")
+    guide = root / "docs/usage/v1_guide.md"
+    # Start from a row that no status renders, so that only the render can write the expected one.
+    committed = family_row_of(guide)
+    edit(guide, committed, f"{FAMILY_ROW} stale | stale |")
+    assert cli("render", "--root", str(root)).code == 0
+    assert family_row_of(guide) == family_row
+
+
+def family_row_of(page):
+    rows = [line for line in page.read_text(encoding="utf-8").splitlines() if line.startswith(FAMILY_ROW)]
+    assert len(rows) == 1, rows
+    return rows[0]
 
 
 def test_a_hand_edited_glyph_is_shown_with_its_invisible_selector(cli, root):
@@ -137,18 +149,20 @@ def test_tandem_matrix_check_and_python_m_matrix_are_clean_on_the_repository(com
     assert "docs are up to date" in result.stdout
 
 
-def test_the_check_imports_no_torch_and_is_quick():
+def test_the_check_imports_no_torch():
+    """The pre-commit hook runs the check: it reads declarations without importing torch (how long it
+    takes is for bench/, never for an assertion)."""
     code = (
-        "import sys, time\n"
-        "start = time.perf_counter()\n"
+        "import sys\n"
         "from matrix.cli import main\n"
         "assert main(['check']) == 0\n"
         "assert 'torch' not in sys.modules, 'the check imported torch'\n"
-        "print(f'{time.perf_counter() - start:.2f}')\n"
+        "assert 'transformers' not in sys.modules, 'the check imported transformers'\n"
+        "print('checked without torch')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert float(result.stdout.splitlines()[-1]) < 5.0
+    assert result.stdout.splitlines()[-1] == "checked without torch"
 
 
 def test_a_root_without_docs_is_a_usage_error(cli, tmp_path):

@@ -21,7 +21,6 @@ from runtime.options import OPTION, flag_of
 
 ROOT = Path(__file__).parents[2]
 BAMBA = ROOT / "docs/configs/ibm-ai-platform__Bamba-9B"
-QWEN3_NEXT = ROOT / "docs/configs/Qwen__Qwen3-Next-80B-A3B-Thinking"
 ENGINE_COMMANDS = ("plan", "generate", "serve", "chat")
 
 
@@ -48,7 +47,7 @@ def test_version():
     assert result.returncode == 0 and result.stdout.strip().startswith("tandem 0."), result.stdout
 
 
-@pytest.mark.parametrize("name", sorted(set(SUBCOMMANDS) - {"matrix"}))
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
 def test_every_help_has_a_description_examples_and_help_for_each_option(name):
     parser = subparser(name)
     assert parser.description and len(parser.description) > 40
@@ -175,8 +174,22 @@ def test_plan_says_which_dtype_it_assumed():
     assert "bfloat16" in named.stdout and "assumed" not in named.stdout
 
 
+def planned_configs() -> list[Path]:
+    """The kept configs whose architecture the engine cannot run yet."""
+    from runtime.hf_config import architecture_of, load_raw_config
+    from runtime.models import resolve
+    from runtime.models.interface import Status
+
+    return [d for d in sorted((ROOT / "docs/configs").iterdir()) if (d / "config.json").is_file()
+            and resolve(architecture_of(load_raw_config(d))).capabilities.engine.status
+            not in (Status.SUPPORTED, Status.PARTIAL)]
+
+
 def test_plan_on_a_planned_architecture_says_it_cannot_run_yet():
-    result = tandem("plan", str(QWEN3_NEXT))
+    planned = planned_configs()
+    if not planned:
+        pytest.skip("every kept config's architecture runs on the engine")
+    result = tandem("plan", str(planned[0]))
     assert result.returncode == 0, result.stderr
     assert "planned: cannot run on the engine yet" in result.stdout.splitlines()[1]
     assert "cannot run" not in tandem("plan", str(BAMBA)).stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,12 +28,6 @@ CHAT_TEMPLATE = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def parse_prometheus(text: str) -> dict[tuple[str, frozenset], float]:
     """{(metric name, frozenset of label pairs): value}; every sample must follow a TYPE line for its metric."""
     samples, typed = {}, set()
@@ -46,7 +39,8 @@ def parse_prometheus(text: str) -> dict[tuple[str, frozenset], float]:
         match = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)", line)
         assert match, f"not a Prometheus sample line: {line!r}"
         name, labels, value = match.groups()
-        assert name in typed, f"{name} has no TYPE line before its samples"
+        family = re.sub(r"_(bucket|sum|count)$", "", name) if name not in typed else name
+        assert family in typed, f"{name} has no TYPE line before its samples"
         pairs = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels or ""))
         samples[(name, pairs)] = float(value)
     return samples
@@ -63,12 +57,17 @@ class Server:
                              **{"timeout": 120.0, **options})
 
     def metrics(self) -> dict[str, float]:
-        """Samples by metric name, model label dropped; `requests_finished_total` keyed by finish reason."""
+        """Samples by metric name, model label dropped; keyed "name:label" by finish reason, histogram bound
+        (`le`) or "name:METHOD route status" for http_requests_total."""
         text = httpx.get(f"{self.url}/metrics", timeout=30).text
         out = {}
         for (name, labels), value in parse_prometheus(text).items():
-            reason = dict(labels).get("finish_reason")
-            out[f"{name}:{reason}" if reason else name] = value
+            labels = dict(labels)
+            if "status" in labels:
+                out[f"{name}:{labels['method']} {labels['handler']} {labels['status']}"] = value
+                continue
+            label = labels.get("finish_reason", labels.get("le"))
+            out[f"{name}:{label}" if label else name] = value
         return out
 
     def wait_idle(self, timeout: float = 60.0) -> dict[str, float]:
@@ -96,30 +95,29 @@ def serve_command(model_dir: Path, port: int, *args: str) -> list[str]:
 
 
 @contextmanager
-def serve(model_dir: Path, log: Path, *args: str) -> Iterator[Server]:
-    """`tandem serve MODEL *args` on a free port of 127.0.0.1 until the block ends (then SIGTERM)."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def serve(model_dir: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """`tandem serve MODEL --port 0 *args` until the block ends (then SIGTERM); the server reports the port
+    the system chose, so no two servers can race for one."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
     with open(log, "w") as out:
         # Output goes to a file: a pipe nobody reads would fill up and stall the server.
-        proc = subprocess.Popen(serve_command(model_dir, port, *args), cwd=ROOT, env=env, stdout=out,
+        proc = subprocess.Popen(serve_command(model_dir, 0, *args), cwd=ROOT, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
-    server = Server(proc, f"http://127.0.0.1:{port}", log)
+    server = Server(proc, "", log)
     try:
-        _wait_healthy(server)
+        server.url = _wait_serving(server)
         yield server
     finally:
         server.stop()
 
 
-def _wait_healthy(server: Server) -> None:
+def _wait_serving(server: Server) -> str:
+    """The URL from the server's "serving on http://HOST:PORT" line, once it is there."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
+        match = re.search(r"serving on (http://\S+)", server.log.read_text())
+        if match:
+            return match.group(1)
         assert server.proc.poll() is None, f"the server exited with {server.proc.returncode}:\n{server.log.read_text()}"
-        try:
-            if httpx.get(f"{server.url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
         time.sleep(0.2)
-    raise AssertionError(f"the server did not become healthy in {STARTUP_TIMEOUT_S} s:\n{server.log.read_text()}")
+    raise AssertionError(f"the server did not start in {STARTUP_TIMEOUT_S} s:\n{server.log.read_text()}")

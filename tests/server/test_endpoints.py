@@ -13,6 +13,15 @@ METRICS = {
     "tandem_requests_finished_total": "counter",
     "tandem_requests_rejected_total": "counter",
     "tandem_requests_failed_total": "counter",
+    "tandem_prefix_cache_queries_total": "counter",
+    "tandem_prefix_cache_hits_total": "counter",
+    "tandem_kv_cache_usage_perc": "gauge",
+    "tandem_num_preemptions_total": "counter",
+    "tandem_time_to_first_token_seconds": "histogram",
+    "tandem_inter_token_latency_seconds": "histogram",
+    "tandem_e2e_request_latency_seconds": "histogram",
+    "tandem_step_num_requests": "histogram",
+    "http_requests_total": "counter",
 }
 
 
@@ -21,12 +30,14 @@ def test_health(server):
     assert response.status_code == 200 and response.json() == {"status": "ok"}
 
 
-def test_models_lists_the_served_model(client, chat_model_dir):
+def test_models_lists_the_served_model_and_no_path(client, chat_model_dir):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL]
     assert models[0].owned_by == "tandem"
-    raw = httpx.get(f"{client.base_url}models", timeout=30).json()["data"][0]
-    assert raw["max_model_len"] == MAX_MODEL_LEN and raw["root"] == str(chat_model_dir)
+    response = httpx.get(f"{client.base_url}models", timeout=30)
+    raw = response.json()["data"][0]
+    assert raw["max_model_len"] == MAX_MODEL_LEN and raw["root"] == MODEL
+    assert str(chat_model_dir) not in response.text and chat_model_dir.name not in response.text
 
 
 def test_metrics_are_prometheus_text_and_count_what_happened(server, client):
@@ -35,9 +46,9 @@ def test_metrics_are_prometheus_text_and_count_what_happened(server, client):
     types = {line.split()[2]: line.split()[3] for line in response.text.splitlines() if line.startswith("# TYPE")}
     assert types == METRICS
     samples = parse_prometheus(response.text)
-    assert {dict(labels)["model_name"] for _, labels in samples} == {MODEL}
+    assert {dict(labels)["model_name"] for name, labels in samples if name != "http_requests_total"} == {MODEL}
     assert {dict(labels).get("finish_reason") for name, labels in samples
-            if name == "tandem_requests_finished_total"} == {"stop", "length", "abort"}
+            if name == "tandem_requests_finished_total"} == {"stop", "length", "abort", "error"}
 
     before = server.wait_idle()
     usage = client.completions.create(model=MODEL, prompt="The page pool", max_tokens=5, temperature=0,

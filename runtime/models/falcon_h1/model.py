@@ -10,15 +10,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
 from runtime.kernels.common import NO_DT_LIMIT
+from runtime.layers.activation import activation
 from runtime.layers.mamba2 import Mamba2Mixer
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, apply_rotary, head_dim_of
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary
 from runtime.models.bamba.model import bamba_mixer
 from runtime.models.causal_lm import CausalLM
+from runtime.models.falcon_h1.declaration import FalconH1Dims
 from runtime.models.llama.model import SelfAttention
 
 
@@ -49,7 +49,7 @@ class FalconGatedRMSNorm(nn.Module):
         return h.to(dtype)
 
 
-def mup_vector(config: PretrainedConfig, d_inner: int) -> torch.Tensor:
+def mup_vector(config: FalconH1Dims, d_inner: int) -> torch.Tensor:
     """One multiplier per in_proj channel: ssm_multipliers over (z, x, B, C, dt), as HF's compute_mup_vector."""
     group_state = config.mamba_n_groups * config.mamba_d_state
     sizes = [d_inner, d_inner, group_state, group_state, config.mamba_n_heads]
@@ -58,7 +58,7 @@ def mup_vector(config: PretrainedConfig, d_inner: int) -> torch.Tensor:
     return torch.cat([torch.full((size,), float(m)) for size, m in zip(sizes, multipliers)])
 
 
-def falcon_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
+def falcon_mixer(config: FalconH1Dims, layer_idx: int) -> Mamba2Mixer:
     if config.hidden_act != "silu":
         raise ValueError(
             f"Falcon-H1 with hidden_act={config.hidden_act!r}: the Mamba convolution applies hidden_act, and "
@@ -83,7 +83,7 @@ def falcon_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
 class FalconH1Attention(SelfAttention):
     """Llama attention whose keys are scaled by `key_multiplier` before the rotary embedding."""
 
-    def __init__(self, config: PretrainedConfig, layer_idx: int):
+    def __init__(self, config: FalconH1Dims, layer_idx: int):
         super().__init__(config, layer_idx)
         self.key_multiplier = config.key_multiplier
 
@@ -101,7 +101,7 @@ class FalconH1MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
-        self.act_fn = ACT2FN[act]
+        self.act_fn = activation(act)
         self.gate_multiplier, self.down_multiplier = multipliers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +110,7 @@ class FalconH1MLP(nn.Module):
 
 
 class FalconH1DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_idx: int):
+    def __init__(self, config: FalconH1Dims, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mamba = falcon_mixer(config, layer_idx)
@@ -132,12 +132,12 @@ class FalconH1DecoderLayer(nn.Module):
 
 
 class FalconH1Model(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: FalconH1Dims):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(FalconH1DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config, head_dim_of(config))
+        self.rotary = RotaryEmbedding(config.rope)
         self.embedding_multiplier = config.embedding_multiplier
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -149,7 +149,7 @@ class FalconH1Model(nn.Module):
 
 
 class FalconH1ForCausalLM(CausalLM):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: FalconH1Dims):
         super().__init__(config)
         self.model = FalconH1Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

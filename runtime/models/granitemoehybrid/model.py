@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
+from runtime.layers.activation import activation
 from runtime.layers.moe import TOPK_THEN_SOFTMAX, PackedMoE
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, head_dim_of
+from runtime.layers.rotary import RotaryEmbedding
 from runtime.models.bamba.model import bamba_mixer
 from runtime.models.causal_lm import CausalLM
+from runtime.models.granitemoehybrid.declaration import GraniteMoeHybridDims
 from runtime.models.llama.model import SelfAttention
 
 
@@ -20,7 +20,7 @@ class SharedMLP(nn.Module):
         super().__init__()
         self.input_linear = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.output_linear = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.act_fn = ACT2FN[act]
+        self.act_fn = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.input_linear(x).chunk(2, dim=-1)
@@ -28,7 +28,7 @@ class SharedMLP(nn.Module):
 
 
 class GraniteMoeHybridDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_idx: int):
+    def __init__(self, config: GraniteMoeHybridDims, layer_idx: int):
         super().__init__()
         self.is_attention = config.layers_block_type[layer_idx] != "linear_attention"
         self.residual_multiplier = config.residual_multiplier
@@ -57,7 +57,7 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
 
 
 class GraniteMoeHybridModel(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: GraniteMoeHybridDims):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
@@ -68,7 +68,7 @@ class GraniteMoeHybridModel(nn.Module):
         # Any other position_embedding_type ("nope", None) means no position embedding, as in HF.
         self.rotary = None
         if config.position_embedding_type == "rope":
-            self.rotary = RotaryEmbedding(config, head_dim_of(config))
+            self.rotary = RotaryEmbedding(config.rope)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embedding_multiplier
@@ -79,7 +79,7 @@ class GraniteMoeHybridModel(nn.Module):
 
 
 class GraniteMoeHybridForCausalLM(CausalLM):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: GraniteMoeHybridDims):
         super().__init__(config)
         self.model = GraniteMoeHybridModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

@@ -2,18 +2,18 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from runtime.layers.mamba1 import Mamba1Mixer
 from runtime.layers.mlp import GatedMLP
 from runtime.layers.moe import SOFTMAX_THEN_TOPK, PerExpertMoE
 from runtime.layers.norm import RMSNorm
 from runtime.models.causal_lm import CausalLM
+from runtime.models.jamba.declaration import JambaDims
 from runtime.models.llama.model import SelfAttention
 from runtime.models.mamba.model import check_conv_activation
 
 
-def jamba_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba1Mixer:
+def jamba_mixer(config: JambaDims, layer_idx: int) -> Mamba1Mixer:
     check_conv_activation(config)
     return Mamba1Mixer(
         layer_idx,
@@ -28,7 +28,7 @@ def jamba_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba1Mixer:
     )
 
 
-def jamba_feed_forward(config: PretrainedConfig, layer_idx: int) -> nn.Module:
+def jamba_feed_forward(config: JambaDims, layer_idx: int) -> nn.Module:
     # HF builds an MoE block only where a layer has more than one expert.
     num_experts = config.layers_num_experts[layer_idx]
     if num_experts > 1:
@@ -38,7 +38,7 @@ def jamba_feed_forward(config: PretrainedConfig, layer_idx: int) -> nn.Module:
 
 
 class JambaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_idx: int):
+    def __init__(self, config: JambaDims, layer_idx: int):
         super().__init__()
         self.is_attention = config.layers_block_type[layer_idx] == "attention"
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -57,7 +57,7 @@ class JambaDecoderLayer(nn.Module):
 
 
 class JambaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: JambaDims):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(JambaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
@@ -71,7 +71,7 @@ class JambaModel(nn.Module):
 
 
 class JambaForCausalLM(CausalLM):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: JambaDims):
         super().__init__(config)
         self.model = JambaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -78,8 +77,7 @@ class Lfm2Model(nn.Module):
         self.layers = nn.ModuleList(Lfm2DecoderLayer(dims, i, feed_forward(dims, i)) for i in range(len(dims.layers)))
         # HF names the final norm embedding_norm.
         self.embedding_norm = RMSNorm(dims.hidden_size, dims.norm_eps)
-        # The default rope: RotaryEmbedding reads only rope_parameters from what it is given.
-        self.rotary = RotaryEmbedding(SimpleNamespace(rope_parameters={"rope_theta": dims.rope_theta}), dims.head_dim)
+        self.rotary = RotaryEmbedding(dims.rope)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)

@@ -2,24 +2,24 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from runtime.layers.attention import PagedAttention
 from runtime.layers.mlp import GatedMLP
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, apply_rotary, head_dim_of
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary
 from runtime.models.causal_lm import CausalLM
+from runtime.models.llama.declaration import LlamaDims
 
 
 class SelfAttention(nn.Module):
     """q/k/v/o projections with rotary embeddings (Llama's names), over paged attention."""
 
-    def __init__(self, config: PretrainedConfig, layer_idx: int, scale: float | None = None):
+    def __init__(self, config: LlamaDims, layer_idx: int, scale: float | None = None):
         super().__init__()
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = head_dim_of(config)
-        bias = getattr(config, "attention_bias", False)
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
         hidden = config.hidden_size
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
@@ -38,15 +38,14 @@ class SelfAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_idx: int):
+    def __init__(self, config: LlamaDims, layer_idx: int):
         super().__init__()
-        scale = getattr(config, "attention_multiplier", None)  # Granite replaces 1/sqrt(head_dim)
-        self.residual_multiplier = getattr(config, "residual_multiplier", 1.0)
+        scale = config.attention_multiplier  # Granite replaces 1/sqrt(head_dim)
+        self.residual_multiplier = config.residual_multiplier
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = SelfAttention(config, layer_idx, scale)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                            getattr(config, "mlp_bias", False))
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin) * self.residual_multiplier
@@ -54,13 +53,13 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: LlamaDims):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config, head_dim_of(config))
-        self.embedding_multiplier = getattr(config, "embedding_multiplier", 1.0)
+        self.rotary = RotaryEmbedding(config.rope)
+        self.embedding_multiplier = config.embedding_multiplier
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embedding_multiplier
@@ -71,11 +70,11 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: LlamaDims):
         super().__init__(config)
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.logits_scaling = getattr(config, "logits_scaling", 1.0)
+        self.logits_scaling = config.logits_scaling
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

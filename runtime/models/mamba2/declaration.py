@@ -1,9 +1,38 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from runtime.hf_config import HFConfig
 from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.dims import read_dims
 from runtime.models.interface import LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import mamba2_state_shape
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    """Mamba2Config's defaults."""
+
+    hidden_size: int = 4096
+    num_hidden_layers: int = 64
+    vocab_size: int = 32768
+    num_heads: int = 128
+    head_dim: int = 64
+    n_groups: int = 8
+    state_size: int = 128
+    conv_kernel: int = 4
+    expand: int = 2
+    chunk_size: int = 256
+    layer_norm_epsilon: float = 1e-5
+    residual_in_fp32: bool = True
+    use_bias: bool = False
+    use_conv_bias: bool = True
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    tie_word_embeddings: bool = False
+
+    @property
+    def d_inner(self) -> int:
+        return int(self.expand * self.hidden_size)
 
 
 class Mamba2ForCausalLM(ModelDeclaration):
@@ -13,7 +42,7 @@ class Mamba2ForCausalLM(ModelDeclaration):
     model_name = "Mamba2"
     example_models = ("state-spaces/mamba2-130m", "state-spaces/mamba2-2.7b", "mistralai/Mamba-Codestral-7B-v0.1")
     layer_kinds = frozenset({LayerKind.MAMBA2})
-    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported())
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported())
     implementation = "runtime.models.mamba2.model:Mamba2ForCausalLM"
     defaults = {
         "hidden_size": 4096,
@@ -32,18 +61,16 @@ class Mamba2ForCausalLM(ModelDeclaration):
         return (LayerKind.MAMBA2,) * cfg.positive_int("num_hidden_layers")
 
     @classmethod
+    def dims(cls, cfg: HFConfig) -> Mamba2Dims:
+        return read_dims(Mamba2Dims, cfg)
+
+    @classmethod
     def mamba_state_shape(cls, cfg: HFConfig, tp: int) -> tuple[tuple[int, ...], ...]:
-        return mamba2_state_shape(
-            cls.architecture,
-            d_inner=cfg.positive_int("expand") * cfg.positive_int("hidden_size"),
-            n_heads=cfg.positive_int("num_heads"),
-            head_dim=cfg.positive_int("head_dim"),
-            n_groups=cfg.positive_int("n_groups"),
-            d_state=cfg.positive_int("state_size"),
-            d_conv=cfg.positive_int("conv_kernel"),
-            tp=tp,
-        )
+        dims = cls.dims(cfg)
+        return mamba2_state_shape(cls.architecture, d_inner=dims.d_inner, n_heads=dims.num_heads,
+                                  head_dim=dims.head_dim, n_groups=dims.n_groups, d_state=dims.state_size,
+                                  d_conv=dims.conv_kernel, tp=tp)
 
     @classmethod
     def mamba_chunk_size(cls, cfg: HFConfig) -> int:
-        return cfg.positive_int("chunk_size")
+        return cls.dims(cfg).chunk_size

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from runtime.kernels.common import NO_DT_LIMIT
 from runtime.layers.attention import PagedAttention
@@ -17,6 +16,7 @@ from runtime.layers.mamba2 import Mamba2Mixer
 from runtime.layers.nemotron_moe import NemotronMoE, UpDownMLP
 from runtime.layers.norm import RMSNorm
 from runtime.models.backbone import BackboneForCausalLM, MixerBlock
+from runtime.models.nemotron_h.declaration import NemotronHDims
 
 # transformers' legacy names, which 4.x configs and hybrid_override_pattern use.
 BLOCK_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
@@ -50,7 +50,7 @@ class NemotronAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
-def nemotron_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
+def nemotron_mixer(config: NemotronHDims, layer_idx: int) -> Mamba2Mixer:
     if config.mamba_hidden_act != "silu":
         raise ValueError(
             f"Nemotron-H with mamba_hidden_act={config.mamba_hidden_act!r}: the engine's Mamba conv kernels "
@@ -74,7 +74,7 @@ def nemotron_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
     )
 
 
-def nemotron_moe(config: PretrainedConfig) -> NemotronMoE:
+def nemotron_moe(config: NemotronHDims) -> NemotronMoE:
     return NemotronMoE(
         config.hidden_size,
         num_experts=config.n_routed_experts,
@@ -91,7 +91,7 @@ def nemotron_moe(config: PretrainedConfig) -> NemotronMoE:
     )
 
 
-def block_mixer(config: PretrainedConfig, block_type: str, layer_idx: int) -> nn.Module:
+def block_mixer(config: NemotronHDims, block_type: str, layer_idx: int) -> nn.Module:
     block_type = BLOCK_TYPES.get(block_type, block_type)
     if block_type == "linear_attention":
         return nemotron_mixer(config, layer_idx)
@@ -109,7 +109,7 @@ def block_mixer(config: PretrainedConfig, block_type: str, layer_idx: int) -> nn
 
 
 class NemotronHForCausalLM(BackboneForCausalLM):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: NemotronHDims):
         eps = config.layer_norm_epsilon
         layers = (MixerBlock(NemotronRMSNorm(config.hidden_size, eps), block_mixer(config, block_type, i))
                   for i, block_type in enumerate(config.layers_block_type))

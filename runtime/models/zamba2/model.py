@@ -16,15 +16,15 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
 from runtime.kernels.common import NO_DT_LIMIT
+from runtime.layers.activation import activation
 from runtime.layers.attention import PagedAttention
 from runtime.layers.mamba2 import Mamba2Mixer
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, apply_rotary, head_dim_of
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary
 from runtime.models.causal_lm import CausalLM
+from runtime.models.zamba2.declaration import Zamba2Dims
 
 SHARED_BLOCK_NAME = re.compile(r"^model\.layers\.(\d+)\.shared_transformer\.")
 
@@ -44,7 +44,7 @@ class Zamba2MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
-        self.act_fn = ACT2FN[act]
+        self.act_fn = activation(act)
         self.gate_up_proj_adapter_list = adapters
 
     def forward(self, x: torch.Tensor, application: int) -> torch.Tensor:
@@ -56,7 +56,7 @@ class Zamba2MLP(nn.Module):
 class Zamba2Attention(nn.Module):
     """The shared projections; the caller passes the application's index and its PagedAttention."""
 
-    def __init__(self, config: PretrainedConfig, block_id: int, num_applications: int):
+    def __init__(self, config: Zamba2Dims, block_id: int, num_applications: int):
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.attention_head_dim
@@ -100,7 +100,7 @@ class Zamba2Attention(nn.Module):
 class Zamba2SharedBlock(nn.Module):
     """HF's Zamba2AttentionDecoderLayer: norm([hidden, embedding]) -> attention -> norm -> MLP, no residual."""
 
-    def __init__(self, config: PretrainedConfig, block_id: int, num_applications: int):
+    def __init__(self, config: Zamba2Dims, block_id: int, num_applications: int):
         super().__init__()
         hidden, rank = config.hidden_size, config.adapter_rank
         self.input_layernorm = RMSNorm(config.attention_hidden_size, config.rms_norm_eps)
@@ -118,7 +118,7 @@ class Zamba2SharedBlock(nn.Module):
         return self.feed_forward(self.pre_ff_layernorm(x), application)
 
 
-def zamba2_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
+def zamba2_mixer(config: Zamba2Dims, layer_idx: int) -> Mamba2Mixer:
     d_inner = int(config.mamba_expand * config.hidden_size)
     return Mamba2Mixer(
         layer_idx,
@@ -141,7 +141,7 @@ def zamba2_mixer(config: PretrainedConfig, layer_idx: int) -> Mamba2Mixer:
 class Zamba2MambaLayer(nn.Module):
     """HF's Zamba2MambaDecoderLayer: the shared block's output joins the mixer input, not the residual."""
 
-    def __init__(self, config: PretrainedConfig, layer_idx: int):
+    def __init__(self, config: Zamba2Dims, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mamba = zamba2_mixer(config, layer_idx)
@@ -152,7 +152,7 @@ class Zamba2MambaLayer(nn.Module):
 
 
 class Zamba2HybridLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_idx: int, shared: Zamba2SharedBlock, application: int):
+    def __init__(self, config: Zamba2Dims, layer_idx: int, shared: Zamba2SharedBlock, application: int):
         super().__init__()
         self.shared_transformer = shared
         self.linear = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
@@ -171,7 +171,7 @@ class Zamba2HybridLayer(nn.Module):
 
 
 class Zamba2Model(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: Zamba2Dims):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         hybrid = list(config.hybrid_layer_ids)
@@ -182,7 +182,7 @@ class Zamba2Model(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config, head_dim_of(config)) if config.use_mem_rope else None
+        self.rotary = RotaryEmbedding(config.rope) if config.use_mem_rope else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -197,7 +197,7 @@ class Zamba2Model(nn.Module):
 
 
 class Zamba2ForCausalLM(CausalLM):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: Zamba2Dims):
         super().__init__(config)
         self.model = Zamba2Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
