@@ -9,7 +9,8 @@ move at least (inputs read once, outputs and states written once; no scratch), a
 the device's copy bandwidth (a large device-to-device tensor copy, read + write). Prefill cases
 also report TFLOP/s, since they can be compute-bound. Shapes: Mamba-2 H=128, P=64, N=128, G=1,
 W=4, d_inner=8192, chunk 256; attention Hq=32, Hkv=8, Dh=128 with 528-token pages (the hybrid page
-size); Mamba-1 (not in Bamba) d_inner=8192, N=16 as in Falcon-Mamba-7B. Activations bfloat16.
+size); Mamba-1 (not in Bamba) d_inner=8192, N=16 as in Falcon-Mamba-7B; the short convolution (not in
+Bamba) D=1536, W=3 as in LFM2-700M. Activations bfloat16.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class Sizes:
     page: int = 528
     mamba1_inner: int = 8192
     mamba1_state: int = 16
+    short_conv_dim: int = 1536  # LFM2-700M's hidden size
+    short_conv_width: int = 3
     batches: tuple[int, ...] = (1, 16, 64, 256)
     contexts: tuple[int, ...] = (1024, 4096, 32768)
     prefills: tuple[int, ...] = (1024, 8192, 32768)
@@ -69,7 +72,7 @@ class Sizes:
 SMALL_BATCHES = Sizes(batches=(1, 4), contexts=(600,), prefills=(300,), attn_prefills=((40, 600),),
                       batched_prefill=(2, 100))
 TOY = Sizes(heads=4, head_dim=16, d_state=16, chunk=16, q_heads=4, kv_heads=2, attn_head_dim=16, page=24,
-            mamba1_inner=32, mamba1_state=8, batches=(1, 3), contexts=(40,), prefills=(40,),
+            mamba1_inner=32, mamba1_state=8, short_conv_dim=40, batches=(1, 3), contexts=(40,), prefills=(40,),
             attn_prefills=((9, 40),), batched_prefill=(3, 13))
 
 
@@ -199,6 +202,7 @@ def all_cases(s: Sizes, device: str) -> Iterator[Case]:
     yield from mamba2_decode_cases(s, device)
     yield from mamba2_prefill_cases(s, device)
     yield from mamba1_cases(s, device)
+    yield from short_conv_cases(s, device)
 
 
 BF16 = torch.bfloat16
@@ -348,6 +352,27 @@ def mamba1_cases(s: Sizes, device: str) -> Iterator[Case]:
         out = torch.empty_like(x)
         run = partial(selective_state_update_mamba1_triton, states, x, dt, A, bc[0], bc[1], D, dt_bias, z, slots, out)
         yield Case("mamba1 state_update", f"b={batch}", run, batch * (2 * dm * n * 4 + (4 * dm + 2 * n) * 2))
+
+
+def short_conv_cases(s: Sizes, device: str) -> Iterator[Case]:
+    """LFM2's gated short convolution: in_proj's (T, 3D) output in, C * conv(B * x) out, (W-1, D) states."""
+    from runtime.kernels.metadata import build_mamba_prefill_metadata
+    from runtime.kernels.short_conv import short_conv_fn_triton, short_conv_update_triton
+
+    dim, width = s.short_conv_dim, s.short_conv_width
+    weight = torch.randn(dim, width, dtype=BF16, device=device)
+    states = torch.empty(max(s.batches) + 1, width - 1, dim, dtype=BF16, device=device).normal_()
+    for tokens in s.prefills:
+        meta = build_mamba_prefill_metadata([tokens], [0], s.chunk, device)
+        bcx = torch.randn(tokens, 3 * dim, dtype=BF16, device=device)
+        slot = torch.zeros(1, dtype=torch.long, device=device)
+        run = partial(short_conv_fn_triton, bcx, weight, None, states, slot, meta)
+        yield Case("short_conv_fn", f"T={tokens}", run, tokens * 4 * dim * 2)
+    for batch in s.batches:
+        bcx = torch.randn(batch, 3 * dim, dtype=BF16, device=device)
+        slots = torch.randperm(states.shape[0], device=device)[:batch]
+        run = partial(short_conv_update_triton, bcx, weight, None, states, slots)
+        yield Case("short_conv_update", f"b={batch}", run, batch * (4 * dim + 2 * (width - 1) * dim) * 2)
 
 
 if __name__ == "__main__":

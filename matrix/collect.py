@@ -23,6 +23,7 @@ LAYER_LABELS = {
     LayerKind.HYBRID: "shared attention + Mamba-2",
     LayerKind.SHORT_CONV: "short convolution",
     LayerKind.GATED_DELTANET: "Gated DeltaNet",
+    LayerKind.LIGHTNING: "lightning attention",
     LayerKind.MLP: "MLP",
 }
 assert set(LAYER_LABELS) == set(LayerKind), "every layer kind needs a label"

@@ -24,6 +24,7 @@ MIXERS = {
     LayerKind.HYBRID: {ATTENTION, MAMBA2},
     LayerKind.SHORT_CONV: {LINEAR},
     LayerKind.GATED_DELTANET: {LINEAR},
+    LayerKind.LIGHTNING: {LINEAR},
     LayerKind.MLP: set(),
 }
 assert set(MIXERS) == set(LayerKind), "every layer kind needs its mixers"

@@ -16,7 +16,7 @@ from runtime.options import add_config_options, config_kwargs
 
 MAX_LISTED_RUNS = 12
 LETTERS = {"attention": "*", "mamba2": "M", "mamba1": "m", "parallel": "P", "hybrid": "H",
-           "short_conv": "C", "gated_deltanet": "G", "mlp": "-"}
+           "short_conv": "C", "gated_deltanet": "G", "lightning": "L", "mlp": "-"}
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

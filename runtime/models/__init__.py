@@ -24,6 +24,7 @@ REGISTRY: dict[str, str] = {
     "LlamaForCausalLM": "runtime.models.llama.declaration",
     "Mamba2ForCausalLM": "runtime.models.mamba2.declaration",
     "MambaForCausalLM": "runtime.models.mamba.declaration",
+    "MiniMaxForCausalLM": "runtime.models.minimax.declaration",
     "NemotronHForCausalLM": "runtime.models.nemotron_h.declaration",
     "OlmoHybridForCausalLM": "runtime.models.olmo_hybrid.declaration",
     "Qwen3NextForCausalLM": "runtime.models.qwen3_next.declaration",

@@ -42,6 +42,7 @@ class LayerKind(enum.Enum):
     HYBRID = "hybrid"  # a shared attention block applied before a Mamba-2 mixer (Zamba2)
     SHORT_CONV = "short_conv"  # a gated short convolution (LFM2)
     GATED_DELTANET = "gated_deltanet"  # linear attention with a delta-rule state (Qwen3-Next)
+    LIGHTNING = "lightning"  # linear attention with a decayed key-value state and no conv (MiniMax)
     MLP = "mlp"  # an MLP or MoE layer with no cache (Nemotron-H)
 
     @property

@@ -65,3 +65,21 @@ def test_layout_and_shapes_match_transformers(tmp_path, name):
                 assert len(layout.mamba.shapes) == 1
             else:
                 assert layout.mamba.shapes[1] == tuple(layer.recurrent_states[0].shape[1:])
+
+
+def test_minimax_layout_and_shapes_match_transformers(tmp_path):
+    """MiniMax keeps its own cache class: softmax layers' K/V, and a (heads, head_dim, head_dim) lightning state."""
+    config = transformers.MiniMaxConfig(**dict(COMMON, num_hidden_layers=4, head_dim=16, num_local_experts=4,
+                                               block_size=8, layer_types=["linear_attention", "full_attention",
+                                                                           "linear_attention", "linear_attention"]))
+    config.architectures = ["MiniMaxForCausalLM"]
+    config.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        cache = model(torch.arange(5)[None] % 100 + 1, use_cache=True).cache
+    layout = EngineConfig(str(tmp_path), dtype="float32").cache
+    assert layout.layers == (LayerKind.LIGHTNING, LayerKind.ATTENTION, LayerKind.LIGHTNING, LayerKind.LIGHTNING)
+    keys = cache.layers[1].keys
+    assert (layout.attention.num_kv_heads, layout.attention.head_size) == (keys.shape[1], keys.shape[3])
+    for i in (0, 2, 3):
+        assert layout.mamba.shapes == (tuple(cache.linear_cache[i].shape[1:]),)

@@ -5,6 +5,7 @@ from typing import Any
 
 from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.dims import RopeDims, read_rope
 from runtime.models.granitemoehybrid.declaration import layers_from_types
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import attention_shape
@@ -15,9 +16,8 @@ LFM2_DEFAULTS = {
     "vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 32,
     "num_attention_heads": 32, "num_key_value_heads": 8, "norm_eps": 1e-5, "tie_word_embeddings": True,
     "conv_bias": False, "conv_L_cache": 3, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
-    "block_auto_adjust_ff_dim": True,
+    "block_auto_adjust_ff_dim": True, "rope_theta": 1_000_000.0,
 }
-DEFAULT_ROPE_THETA = 1_000_000.0
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Lfm2Dims:
     norm_eps: float
     conv_width: int
     conv_bias: bool
-    rope_theta: float
+    rope: RopeDims
     tie_word_embeddings: bool
 
 
@@ -49,13 +49,6 @@ def mlp_width(cfg: HFConfig) -> int:
         width = int(cfg.block_ffn_dim_multiplier * width)
         width = multiple * -(-width // multiple)
     return width
-
-
-def rope_theta(cfg: HFConfig) -> float:
-    params = dict(cfg.first("rope_parameters", default={}))
-    if params.get("rope_type", "default") != "default":
-        raise ConfigError(f"{cfg.architecture}: rope_type {params['rope_type']!r} is not supported; LFM2 uses 'default'")
-    return float(params.get("rope_theta", cfg.first("rope_theta", default=DEFAULT_ROPE_THETA)))
 
 
 class Lfm2ForCausalLM(ModelDeclaration):
@@ -115,6 +108,6 @@ class Lfm2ForCausalLM(ModelDeclaration):
             norm_eps=float(cfg.norm_eps),
             conv_width=cfg.positive_int("conv_L_cache"),
             conv_bias=bool(cfg.conv_bias),
-            rope_theta=rope_theta(cfg),
+            rope=read_rope(cfg, attention.head_size),
             tie_word_embeddings=bool(cfg.tie_word_embeddings),
         )

@@ -11,7 +11,6 @@ from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rotary
 from runtime.layers.short_conv import ShortConv
 from runtime.models.causal_lm import CausalLM
-from runtime.models.dims import RopeDims
 from runtime.models.interface import LayerKind
 from runtime.models.lfm2.declaration import Lfm2Dims
 
@@ -78,7 +77,7 @@ class Lfm2Model(nn.Module):
         self.layers = nn.ModuleList(Lfm2DecoderLayer(dims, i, feed_forward(dims, i)) for i in range(len(dims.layers)))
         # HF names the final norm embedding_norm.
         self.embedding_norm = RMSNorm(dims.hidden_size, dims.norm_eps)
-        self.rotary = RotaryEmbedding(RopeDims(head_dim=dims.head_dim, theta=dims.rope_theta))
+        self.rotary = RotaryEmbedding(dims.rope)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)

@@ -3,7 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.lfm2.declaration import Lfm2Dims, Lfm2ForCausalLM, rope_theta
+from runtime.models.dims import read_rope
+from runtime.models.lfm2.declaration import Lfm2Dims, Lfm2ForCausalLM
 from runtime.models.shapes import attention_shape
 
 # transformers' Lfm2MoeConfig defaults for the fields the declaration reads.
@@ -12,7 +13,7 @@ LFM2_MOE_DEFAULTS = {
     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "norm_eps": 1e-5,
     "tie_word_embeddings": True, "conv_bias": False, "conv_L_cache": 3, "num_dense_layers": 2,
     "num_experts_per_tok": 4, "num_experts": 32, "use_expert_bias": True, "routed_scaling_factor": 1.0,
-    "norm_topk_prob": True,
+    "norm_topk_prob": True, "rope_theta": 1_000_000.0,
 }
 
 
@@ -56,7 +57,7 @@ class Lfm2MoeForCausalLM(Lfm2ForCausalLM):
             norm_eps=float(cfg.norm_eps),
             conv_width=cfg.positive_int("conv_L_cache"),
             conv_bias=bool(cfg.conv_bias),
-            rope_theta=rope_theta(cfg),
+            rope=read_rope(cfg, attention.head_size),
             tie_word_embeddings=bool(cfg.tie_word_embeddings),
             num_dense_layers=int(cfg.num_dense_layers),
             moe_intermediate_size=cfg.positive_int("moe_intermediate_size"),
