@@ -200,7 +200,8 @@ def _format_pages(r: dict[str, Any]) -> list[str]:
         lines.append(f"block size     {r['block_size']} tokens")
     page = f"page           {_bytes(r['page_size_bytes'])}"
     if r["padding_pct"] is not None:
-        page += f", Mamba page padded by {r['padding_pct']:.2f}%"
+        name = r["mamba"]["name"].removesuffix(" state")
+        page += f", {'Mamba' if name == 'mamba' else name} page padded by {r['padding_pct']:.2f}%"
     lines.append(page)
     lines.append(f"groups         {r['group_size']} layers per group: {r['num_attention_groups']} attention, "
                  f"{r['num_state_groups']} state; a page id spans {_bytes(r['bytes_per_page_id'])}")
