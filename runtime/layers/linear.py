@@ -20,9 +20,20 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias.float().to_mkldnn(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).contiguous()
-        y = torch._C._nn.mkldnn_linear(flat.to_mkldnn(), self.weight, self.bias).to_dense()
-        return y.view(*x.shape[:-1], self.out_features)
+        flat = x.reshape(-1, self.in_features)
+        rows = flat.shape[0]
+        padded = flat.new_zeros(bucket(rows), self.in_features)
+        padded[:rows] = flat
+        y = torch._C._nn.mkldnn_linear(padded.to_mkldnn(), self.weight, self.bias).to_dense()
+        return y[:rows].view(*x.shape[:-1], self.out_features)
+
+
+def bucket(rows: int) -> int:
+    """`rows` rounded up to one of four sizes per power of two (at most 25 % more rows)."""
+    if rows <= 8:
+        return 8
+    step = 1 << (rows.bit_length() - 3)  # a quarter of the power of two at or below rows
+    return -(-rows // step) * step
 
 
 def pack_linears(model: nn.Module) -> int:
