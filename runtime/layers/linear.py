@@ -22,8 +22,13 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         rows = flat.shape[0]
-        padded = flat.new_zeros(bucket(rows), self.in_features)
+        # oneDNN keeps native memory (a primitive, its scratchpad) for every input shape it meets, and
+        # the engine's token count changes every step: padded to a bucket, a long-running server meets
+        # a few dozen shapes and its RSS levels off (bench/rss.py; issue 13). Padding rows are zeros
+        # and their outputs are dropped; each row's output depends on that row alone.
+        padded = flat.new_empty(bucket(rows), self.in_features)
         padded[:rows] = flat
+        padded[rows:].zero_()
         y = torch._C._nn.mkldnn_linear(padded.to_mkldnn(), self.weight, self.bias).to_dense()
         return y[:rows].view(*x.shape[:-1], self.out_features)
 
