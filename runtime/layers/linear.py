@@ -26,17 +26,25 @@ class PackedLinear(nn.Module):
         # the engine's token count changes every step: padded to a bucket, a long-running server meets
         # a few dozen shapes and its RSS levels off (bench/rss.py; issue 13). Padding rows are zeros
         # and their outputs are dropped; each row's output depends on that row alone.
-        padded = flat.new_empty(bucket(rows), self.in_features)
-        padded[:rows] = flat
-        padded[rows:].zero_()
+        size = bucket(rows)
+        if size == rows:
+            padded = flat.contiguous()
+        else:
+            padded = flat.new_empty(size, self.in_features)
+            padded[:rows] = flat
+            padded[rows:].zero_()
         y = torch._C._nn.mkldnn_linear(padded.to_mkldnn(), self.weight, self.bias).to_dense()
         return y[:rows].view(*x.shape[:-1], self.out_features)
 
 
 def bucket(rows: int) -> int:
-    """`rows` rounded up to one of four sizes per power of two (at most 25 % more rows)."""
+    """`rows` rounded up to one of four sizes per power of two (at most 25 % more rows); up to 8 as is.
+
+    Single-sequence decode (one row) would run twice as slowly padded to 8 rows (oneDNN's matrix-vector
+    path), so the smallest sizes stay exact: eight more shapes.
+    """
     if rows <= 8:
-        return 8
+        return rows
     step = 1 << (rows.bit_length() - 3)  # a quarter of the power of two at or below rows
     return -(-rows // step) * step
 
