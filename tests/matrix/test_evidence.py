@@ -82,12 +82,12 @@ def test_removing_a_proof_fails_the_check(cli, root):
 
 
 def test_a_proof_of_a_planned_cell_is_reported_not_failed(cli, root):
-    add_proof(root, "LlamaForCausalLM", "prefix caching")
+    add_proof(root, "LlamaForCausalLM", "CUDA graphs")  # still planned (prefix caching no longer is)
     cli("render", "--root", str(root))
     ran = cli("check", "--root", str(root))
     assert ran.code == 0, ran.out
     assert ran.out.startswith("docs are up to date")
-    assert ("warning: LlamaForCausalLM Prefix caching: 1 test prove(s) it (e.g. tests/test_proof_0.py::test_it) but "
+    assert ("warning: LlamaForCausalLM CUDA graphs: 1 test prove(s) it (e.g. tests/test_proof_0.py::test_it) but "
             "the declaration says planned; set it to supported() in runtime/models/llama/declaration.py") in ran.out
 
 
