@@ -135,13 +135,15 @@ class EngineConfig:
     def state_dtype(self) -> StateDtype:
         """The recurrent (SSM) state's dtype and why: the option, config.json, the model's default, its dtype."""
         if self.mamba_ssm_dtype != "auto":
-            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype"), "set by --mamba-ssm-dtype / mamba_ssm_dtype")
+            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype"),
+                              "set by --mamba-ssm-dtype / mamba_ssm_dtype")
         asked = self.hf_config.first("mamba_ssm_cache_dtype")
         if asked not in (None, "auto"):
             return StateDtype(canonical_dtype(asked, "mamba_ssm_cache_dtype in config.json"),
                               "asked for by mamba_ssm_cache_dtype in config.json")
         if self.declaration.default_ssm_dtype is not None:
-            return StateDtype(self.declaration.default_ssm_dtype, f"the {self.declaration.model_name} default, as in vLLM")
+            return StateDtype(self.declaration.default_ssm_dtype,
+                              f"the {self.declaration.model_name} default, as in vLLM")
         return StateDtype(self.model_dtype, "the model dtype")
 
     @property

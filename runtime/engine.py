@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from runtime import kernels
 from runtime.cache.manager import CacheManager
 from runtime.cache.prefix import PrefixCache, prefix_block_size
 from runtime.config import EngineConfig
@@ -105,6 +106,16 @@ class Timing:
 class Engine:
     def __init__(self, config: EngineConfig):
         check_capabilities(config)
+        # The kernel binding is per process: an engine that fails to start must not leave the
+        # engines built before it on its backend (a failed CUDA engine broke an earlier CPU one).
+        binding = kernels.snapshot()
+        try:
+            self._start(config)
+        except BaseException:
+            kernels.restore(binding)
+            raise
+
+    def _start(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -15,10 +16,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="complete prompts (default model: the one shipped with Tandem)",
         description="Complete one or more prompts and print each prompt with its completion, token by token "
-                    "as it is generated. The first argument is the model when it is a directory (default: "
-                    "the small model shipped with Tandem). `-` as the prompt, or no prompt with a pipe on "
-                    "stdin, reads the prompts from stdin, one per line. Ctrl-C stops and keeps what was "
-                    "printed.",
+                    "as it is generated. The first argument is the model when it is a directory or a Hugging "
+                    "Face id (default: the small model shipped with Tandem). `-` as the prompt, or no prompt "
+                    "with a pipe on stdin, reads the prompts from stdin, one per line. Ctrl-C stops and keeps "
+                    "what was printed.",
         epilog=examples(
             'tandem generate "The page pool"',
             'tandem generate runtime/default_model "The page pool" "Mamba layers keep" --max-tokens 16',
@@ -38,10 +39,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+# `owner/name` with nothing else: how a Hugging Face id looks, so that the engine can say how to fetch it.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
 def split_model(args: list[str], stdin: TextIO) -> tuple[str | None, list[str]]:
-    """(model or None, prompts): the first argument is the model when it is a directory."""
+    """(model or None, prompts): the first argument is the model when it is a directory, or when it looks like a
+    Hugging Face id and prompts follow it."""
     model = None
-    if args and args[0] != "-" and Path(args[0]).is_dir():
+    if args and args[0] != "-" and (Path(args[0]).is_dir() or (len(args) > 1 and HUB_ID.fullmatch(args[0]))):
         model, args = args[0], args[1:]
     if not args and not stdin.isatty():
         args = ["-"]

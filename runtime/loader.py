@@ -22,8 +22,6 @@ from runtime.config import EngineConfig
 from runtime.dtypes import DTYPES
 from runtime.models.causal_lm import CausalLM
 
-
-
 # Buffers that older checkpoints saved and that HF and vLLM skip on load: we compute them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # Any one of these makes a directory loadable by AutoTokenizer (fast, sentencepiece, BPE, tiktoken).

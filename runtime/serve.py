@@ -47,7 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def add_access_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
-                        help=f"require `Authorization: Bearer KEY` on /v1/* (default: ${API_KEY_ENV}, else none)")
+                        help=f"require `Authorization: Bearer KEY` on every path but /health and /metrics "
+                             f"(default: ${API_KEY_ENV}, else none)")
     parser.add_argument("--enable-openapi", action="store_true", help="serve /docs and /openapi.json (off by default)")
 
 

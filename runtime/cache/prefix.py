@@ -75,7 +75,10 @@ class PrefixCache:
 
     def hashes(self, seq: Sequence) -> list[bytes]:
         """The names of every full block of `seq`'s tokens, computed once per block."""
-        tokens, size, names = seq.token_ids, self.block_size, seq.block_hashes
+        size, names = self.block_size, seq.block_hashes
+        if len(names) == seq.num_tokens // size:
+            return names  # the usual case in a decode step; token_ids would copy the whole sequence
+        tokens = seq.token_ids
         for j in range(len(names), len(tokens) // size):
             names.append(hash_block(names[-1] if names else ROOT_HASH, tokens[j * size : (j + 1) * size]))
         return names

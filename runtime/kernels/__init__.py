@@ -74,6 +74,7 @@ IMPLEMENTATIONS = {
 
 backend = "torch"  # the references, until an engine binds
 _bound = False
+_last_bind: tuple[str, torch.device, bool] | None = None  # bind()'s arguments, for restore()
 store_kv = store_kv_ref
 paged_attention = paged_attention_ref
 causal_conv1d_fn = causal_conv1d_fn_ref
@@ -119,7 +120,25 @@ def bind(name: str, device: torch.device, compile_cpu: bool = True) -> str:
     which = 0 if name == "torch" else 1
     globals().update({op: implementations[which] for op, implementations in IMPLEMENTATIONS.items()})
     backend, _bound = name, True
+    global _last_bind
+    _last_bind = (name, device, compile_cpu)
     return name
+
+
+def snapshot() -> tuple[str, torch.device, bool] | None:
+    """The current binding, for `restore` if an engine fails while starting."""
+    return _last_bind
+
+
+def restore(snap: tuple[str, torch.device, bool] | None) -> None:
+    """Undo the binding of an engine that failed to start, so the engines built before it keep theirs."""
+    global backend, _bound, _last_bind
+    if snap is None:
+        globals().update({op: implementations[0] for op, implementations in IMPLEMENTATIONS.items()})
+        cpu_compile.enable(False)
+        backend, _bound, _last_bind = "torch", False, None
+    elif snap != _last_bind:
+        bind(*snap)
 
 
 __all__ = [

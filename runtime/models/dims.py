@@ -71,10 +71,13 @@ def read_rope(cfg: HFConfig, head_dim: int, partial_rotary_factor: float | None 
     params = {**(cfg.first("rope_scaling") or {}), **(cfg.first("rope_parameters") or {})}
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type not in ROPE_TYPES:
-        raise ConfigError(f"{cfg.architecture}: rope type {rope_type!r} is not supported; Tandem has {', '.join(ROPE_TYPES)}")
-    factor = partial_rotary_factor or params.get("partial_rotary_factor", cfg.first("partial_rotary_factor", default=1.0))
-    known = {f.name for f in dataclasses.fields(RopeDims)}
-    extra = {k: v for k, v in params.items() if k in known and k not in ("head_dim", "rope_type", "partial_rotary_factor")}
+        raise ConfigError(
+            f"{cfg.architecture}: rope type {rope_type!r} is not supported; Tandem has {', '.join(ROPE_TYPES)}"
+        )
+    factor = partial_rotary_factor or params.get("partial_rotary_factor",
+                                                 cfg.first("partial_rotary_factor", default=1.0))
+    scaling = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    extra = {k: v for k, v in params.items() if k in scaling}
     return RopeDims(head_dim=head_dim, theta=params.get("rope_theta", cfg.first("rope_theta", default=10000.0)),
                     rope_type="default" if rope_type == "dynamic" else rope_type,
                     partial_rotary_factor=factor, **extra)

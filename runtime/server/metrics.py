@@ -22,8 +22,12 @@ class ServingStats:
     engine: EngineStats
     rejected: int = 0
     failed: int = 0
+
     def __getattr__(self, name: str):
-        # num_running, num_pages_used, finished, ...: the engine's.
+        # num_running, num_pages_used, finished, ...: the engine's. (Only called for names not found here;
+        # "engine" itself is refused so that a half-built instance cannot recurse.)
+        if name == "engine":
+            raise AttributeError(name)
         return getattr(self.engine, name)
 
 

@@ -11,7 +11,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runtime.server.errors import error_response
 from runtime.server.state import ServerState
 
-
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 

@@ -6,7 +6,6 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
 from tiny_models import hf_greedy
 
 from runtime import LLM, SamplingParams
@@ -125,7 +124,8 @@ def test_a_pre_4_48_zamba2_checkpoint_generates_hf_tokens(zamba2, tiny_checkpoin
     config = json.loads((zamba2 / "config.json").read_text())
     legacy = {PRE_4_48_ZAMBA2_KEYS.get(key, key): value for key, value in config.items()}
     legacy["mamba_headdim"] = config["mamba_expand"] * config["hidden_size"] // legacy.pop("n_mamba_heads")
-    legacy["layers_block_type"] = [{"mamba": "m", "linear_attention": "m", "hybrid": "g"}[t] for t in config["layers_block_type"]]
+    letters = {"mamba": "m", "linear_attention": "m", "hybrid": "g"}
+    legacy["layers_block_type"] = [letters[t] for t in config["layers_block_type"]]
     for derived in ("hybrid_layer_ids", "attention_hidden_size", "attention_head_dim"):
         legacy.pop(derived, None)
     (zamba2 / "config.json").write_text(json.dumps(legacy))

@@ -11,9 +11,13 @@ import pytest
 ROOT = Path(__file__).parents[2]
 
 
-def generate(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime", "generate", *args, "--max-tokens", "2"], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+def tandem(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def generate(*args: str) -> subprocess.CompletedProcess:
+    return tandem("generate", *args, "--max-tokens", "2")
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -40,8 +44,9 @@ def test_a_directory_without_tokenizer_files_names_them(llama):
     assert "sentencepiece" not in line
 
 
-def test_a_hugging_face_id_says_how_to_fetch_a_directory(tmp_path):
-    line = one_line_error(generate("ibm-granite/granite-4.0-h-tiny", "The page", cwd=tmp_path))
+@pytest.mark.parametrize("command", [["plan"], ["serve", "--port", "0"]])
+def test_a_hugging_face_id_says_how_to_fetch_a_directory(tmp_path, command):
+    line = one_line_error(tandem(command[0], "ibm-granite/granite-4.0-h-tiny", *command[1:], cwd=tmp_path))
     assert "Tandem reads local directories only" in line
     assert "huggingface-cli download ibm-granite/granite-4.0-h-tiny --local-dir DIR" in line
     assert "hf download" in line

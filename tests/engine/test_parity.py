@@ -12,8 +12,10 @@ import copy
 import pytest
 import torch
 from tiny_models import hf_greedy_logprobs, hf_last_logits
+from transformers import AutoTokenizer
 
 from runtime import LLM, SamplingParams
+from runtime.config import EngineConfig
 
 PROMPTS = [
     "The",
@@ -151,9 +153,8 @@ def test_chunked_prefill_matches_transformers(model, hf_reference):
     they are split too, at other offsets, and resume while earlier sequences decode.
     """
     name, directory, hf = model
-    layout_llm = LLM(directory, dtype="float32")
-    chunk = layout_llm.engine.config.declaration.mamba_chunk_size(layout_llm.engine.config.hf_config)
-    page = layout_llm.engine.config.cache.block_size
+    config = EngineConfig(str(directory), dtype="float32")
+    chunk, page = config.declaration.mamba_chunk_size(config.hf_config), config.cache.block_size
     budgets = {"inside chunks and pages": 21}
     if chunk:
         budgets["a Mamba chunk"] = chunk
@@ -178,10 +179,10 @@ def test_preemption_matches_transformers(model, hf_reference):
     new tokens; the pool holds exactly their prefills, so the first page crossed preempts a sequence.
     """
     name, directory, hf = model
-    tokenizer = LLM(directory, dtype="float32").get_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
     long_ids, mid_ids = tokenizer.encode(LONGEST), tokenizer.encode(PROMPTS[2])
     prompts = [{"prompt_token_ids": ids} for ids in (long_ids[:40], mid_ids[:44], long_ids[:30], mid_ids[:36])]
-    layout = LLM(directory, dtype="float32").engine.config.cache
+    layout = EngineConfig(str(directory), dtype="float32").cache
     num_pages = sum(layout.pages_per_sequence(len(p["prompt_token_ids"])) for p in prompts)
     llm = LLM(directory, dtype="float32", max_model_len=64, num_pages=num_pages)
     outputs, _, restarts = generate_recording(llm, prompts, GREEDY)

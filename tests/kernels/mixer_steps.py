@@ -7,6 +7,13 @@ import torch
 
 from runtime.context import ForwardContext, forward_context
 from runtime.kernels import build_mamba_prefill_metadata
+from runtime.models import resolve
+
+
+def engine_dims(config):
+    """The frozen dimensions the engine builds its modules from, read from `config` as from its config.json."""
+    declaration = resolve(type(config).__name__.removesuffix("Config") + "ForCausalLM")
+    return declaration.dims(declaration.read_config(config.to_dict()))
 
 
 class PackedMixer:

@@ -10,7 +10,7 @@ prefill and batched decode, on NaN-filled state pools, inside the forward contex
 
 import pytest
 import torch
-from mixer_steps import PackedMixer
+from mixer_steps import PackedMixer, engine_dims
 from tiny_models import randomize
 from transformers import BambaConfig, DynamicCache
 from transformers.models.bamba.modeling_bamba import BambaMixer
@@ -29,7 +29,7 @@ def tiny_mixers(time_step_limit):
     )  # fmt: skip
     hf = BambaMixer(config, layer_idx=0)
     randomize(hf, seed=0)  # D, dt_bias, A_log, the norm weight and the conv bias are no longer constants
-    ours = bamba_mixer(config, 0)
+    ours = bamba_mixer(engine_dims(config), 0)
     ours.load_state_dict(hf.state_dict())
     return config, hf.eval(), ours.eval()
 

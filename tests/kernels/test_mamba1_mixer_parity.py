@@ -10,7 +10,7 @@ prefill chunk and batched decode, on NaN-filled state pools, inside the runner's
 
 import pytest
 import torch
-from mixer_steps import PackedMixer
+from mixer_steps import PackedMixer, engine_dims
 from tiny_models import randomize
 from transformers import DynamicCache, JambaConfig, MambaConfig
 from transformers.models.jamba.modeling_jamba import JambaMambaMixer
@@ -28,14 +28,14 @@ def tiny_mixers(kind):
             hidden_size=HIDDEN, state_size=D_STATE, intermediate_size=64, conv_kernel=4, time_step_rank=4,
             num_hidden_layers=1, vocab_size=64,
         )  # fmt: skip
-        hf, ours = MambaMixer(config, layer_idx=0), mamba1_mixer(config, 0)
+        hf, ours = MambaMixer(config, layer_idx=0), mamba1_mixer(engine_dims(config), 0)
     else:
         config = JambaConfig(
             hidden_size=HIDDEN, mamba_d_state=D_STATE, mamba_expand=2, mamba_d_conv=4, mamba_dt_rank=4,
             num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1, num_experts=1, intermediate_size=64,
             vocab_size=64, num_attention_heads=4, num_key_value_heads=2,
         )  # fmt: skip
-        hf, ours = JambaMambaMixer(config, layer_idx=0), jamba_mixer(config, 0)
+        hf, ours = JambaMambaMixer(config, layer_idx=0), jamba_mixer(engine_dims(config), 0)
     randomize(hf, seed=0)  # D, A_log, dt_proj's bias, the conv bias and Jamba's norm weights
     ours.load_state_dict(hf.state_dict())
     return config, hf.eval(), ours.eval()

@@ -82,7 +82,7 @@ def test_removing_a_proof_fails_the_check(cli, root):
 
 
 def test_a_proof_of_a_planned_cell_is_reported_not_failed(cli, root):
-    add_proof(root, "LlamaForCausalLM", "CUDA graphs")  # still planned (prefix caching no longer is)
+    add_proof(root, "LlamaForCausalLM", "CUDA graphs")
     cli("render", "--root", str(root))
     ran = cli("check", "--root", str(root))
     assert ran.code == 0, ran.out

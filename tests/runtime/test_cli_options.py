@@ -213,3 +213,21 @@ def test_a_closed_pipe_through_head_prints_no_traceback():
                             capture_output=True, text=True, timeout=120)
     assert result.stdout.startswith("architecture") and result.stdout.count("\n") == 1
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
+
+
+def test_an_engine_that_fails_to_start_leaves_earlier_engines_their_kernels(tiny_checkpoint):
+    """The kernel binding is per process: a second engine binds Triton, then fails (its pool holds no
+    sequence). The first engine must still run on its torch kernels, with the same tokens."""
+    from runtime import kernels
+    from runtime.llm import LLM
+    from runtime.sampling_params import SamplingParams
+
+    directory = tiny_checkpoint("bamba")[0]
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    first = LLM(directory, dtype="float32", device="cpu", kernel_backend="torch")
+    before = first.generate(["The page"], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="cannot hold one sequence"):
+        LLM(directory, dtype="float32", device="cpu", kernel_backend="triton", num_pages=1, max_model_len=64)
+    assert kernels.backend == "torch" and kernels.paged_attention is kernels.paged_attention_ref
+    after = first.generate(["The page"], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    assert after == before

@@ -16,13 +16,14 @@ KEY = "flag-key"
 ENV_KEY = "env-key"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 READ_TIMEOUT_S = 1
+BIG_PROMPT_CHARS = 1_000_000  # allowed here, so that it is tokenized (for seconds) before it is refused
 WAIT_S = 60  # how long a test waits for the server to close a connection: far more than READ_TIMEOUT_S
 
 
 @pytest.fixture(scope="module")
 def guarded(chat_model_dir, tmp_path_factory):
     args = (*SERVER_ARGS, "--api-key", KEY, "--enable-openapi", "--request-read-timeout", str(READ_TIMEOUT_S),
-            "--timeout-keep-alive", "1")
+            "--timeout-keep-alive", "1", "--max-prompt-chars", str(BIG_PROMPT_CHARS), "--max-request-bytes", "64MiB")
     # The flag wins over the environment variable.
     with serve(chat_model_dir, tmp_path_factory.mktemp("logs") / "guarded.log", *args,
                env={"TANDEM_API_KEY": ENV_KEY}) as running:
@@ -129,3 +130,28 @@ def test_a_slow_stream_that_was_fully_requested_is_not_cut(guarded):
         chunks.append(chunk)
         time.sleep(0.2)  # reads slowly: the whole stream takes longer than the read deadline
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_long_tokenization_stalls_neither_the_streams_nor_the_event_loop(guarded):
+    from concurrent.futures import ThreadPoolExecutor
+
+    keyed = client(guarded, KEY)
+    victim = keyed.completions.create(model=MODEL, prompt="The page pool", temperature=0, max_tokens=30, stream=True,
+                                      extra_body={"ignore_eos": True})
+    chunks = iter(victim)
+    next(chunks)
+    events = []
+    with ThreadPoolExecutor(1) as pool:
+        # "page " is one token: 1,000,000 of them are far more than max_model_len, found only by tokenizing.
+        big = pool.submit(lambda: httpx.post(f"{guarded.url}/v1/completions", timeout=300,
+                                             headers={"Authorization": f"Bearer {KEY}"},
+                                             json={"model": MODEL, "prompt": "page " * (BIG_PROMPT_CHARS // 5)}))
+        assert httpx.get(f"{guarded.url}/health", timeout=300).status_code == 200
+        events.append(("health", big.done()))
+        finish = [c.choices[0].finish_reason for c in chunks][-1]
+        events.append(("victim finished", big.done()))
+        response = big.result()
+    assert finish == "length"
+    assert response.status_code == 400 and "more than fits in max_model_len" in response.json()["error"]["message"]
+    # Both answered while the big prompt was still being tokenized.
+    assert events == [("health", False), ("victim finished", False)]

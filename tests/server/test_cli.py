@@ -76,7 +76,8 @@ def drain(stream):
     return reason
 
 
-@pytest.mark.parametrize("option, value", [("--max-waiting", "-1"), ("--port", "70000")])
+@pytest.mark.parametrize("option, value", [("--max-waiting", "-1"), ("--port", "70000"), ("--max-stop-strings", "0"),
+                                           ("--request-read-timeout", "0"), ("--max-prompt-chars", "-5")])
 def test_bad_server_options_exit_2(tiny_checkpoint, option, value):
     result = subprocess.run([sys.executable, "-m", "runtime", "serve", str(tiny_checkpoint("llama")[0]), option, value],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)

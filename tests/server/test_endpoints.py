@@ -58,3 +58,14 @@ def test_metrics_are_prometheus_text_and_count_what_happened(server, client):
     assert after["tandem_generation_tokens_total"] - before["tandem_generation_tokens_total"] == 5
     assert after["tandem_requests_finished_total:length"] - before["tandem_requests_finished_total:length"] == 1
     assert after["tandem_cache_pages_used"] == 0 and after["tandem_cache_pages_total"] > 0
+
+    def delta(name):
+        return after[name] - before[name]
+
+    # vLLM's meanings: one first token, four gaps between the five tokens, one end-to-end latency.
+    assert delta("tandem_time_to_first_token_seconds_count") == 1
+    assert delta("tandem_inter_token_latency_seconds_count") == 4
+    assert delta("tandem_e2e_request_latency_seconds_count") == 1
+    assert delta("tandem_e2e_request_latency_seconds_bucket:+Inf") == 1
+    assert after["tandem_kv_cache_usage_perc"] == 0.0
+    assert delta("http_requests_total:POST /v1/completions 200") == 1

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import kv_shape, mamba2_state_shape
 
@@ -45,7 +45,8 @@ class Mamba2HybridDims(AttentionDims):
     attn_layer_indices: tuple[int, ...] = ()
 
 
-def mamba2_hybrid_fields(cfg: HFConfig, partial_rotary_factor: float | None = None, rope: bool = True) -> dict[str, Any]:
+def mamba2_hybrid_fields(cfg: HFConfig, partial_rotary_factor: float | None = None,
+                         rope: bool = True) -> dict[str, Any]:
     head = cfg.first("mamba_d_head", default="auto")
     if head == "auto":
         head = cfg.positive_int("mamba_expand") * cfg.positive_int("hidden_size") // cfg.positive_int("mamba_n_heads")

@@ -1,1 +1,1 @@
-"""falcon_mamba: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""
+"""falcon_mamba: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

@@ -1,1 +1,1 @@
-"""granite: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""
+"""granite: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from runtime.hf_config import HFConfig
-
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import supported
 from runtime.models.llama.declaration import LlamaForCausalLM
@@ -19,4 +18,4 @@ class GraniteForCausalLM(LlamaForCausalLM):
     @classmethod
     def dims_overrides(cls, cfg: HFConfig) -> dict:
         # GraniteConfig's defaults: the attention scale is 1, not 1/sqrt(head_dim), unless given.
-        return {"attention_multiplier": cfg.first("attention_multiplier", default=1.0), "rms_norm_eps": cfg.first("rms_norm_eps", default=1e-6)}
+        return {"attention_multiplier": cfg.first("attention_multiplier", default=1.0)}

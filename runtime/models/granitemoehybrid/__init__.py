@@ -1,1 +1,1 @@
-"""granitemoehybrid: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""
+"""granitemoehybrid: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

@@ -9,8 +9,8 @@ from runtime.models.bamba.declaration import (
     Mamba2HybridDims,
     mamba2_hybrid_fields,
 )
-from runtime.models.dims import read_dims
 from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.dims import read_dims
 from runtime.models.interface import LayerKind, supported
 
 # Both spellings occur in published configs: transformers 4.x wrote "mamba"/"attention".

@@ -1,1 +1,1 @@
-"""jamba: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""
+"""jamba: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

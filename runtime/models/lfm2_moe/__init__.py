@@ -1,1 +1,1 @@
-"""lfm2_moe: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""
+"""lfm2_moe: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

@@ -3,8 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.hf_config import HFConfig
-from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import kv_shape
 

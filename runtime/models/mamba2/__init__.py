@@ -1,1 +1,1 @@
-"""mamba2: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""
+"""mamba2: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

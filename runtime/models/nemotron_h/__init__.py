@@ -1,1 +1,1 @@
-"""nemotron_h: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""
+"""nemotron_h: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""

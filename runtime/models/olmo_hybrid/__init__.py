@@ -1,1 +1,1 @@
-"""olmo_hybrid: `declaration` (torch-free: capabilities and cache shapes from config.json); no forward pass yet."""
+"""olmo_hybrid: `declaration` (torch-free: what it supports and caches); no forward pass yet."""

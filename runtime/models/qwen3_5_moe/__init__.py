@@ -1,1 +1,1 @@
-"""qwen3_5_moe: `declaration` (torch-free: capabilities and cache shapes from config.json); no forward pass yet."""
+"""qwen3_5_moe: `declaration` (torch-free: what it supports and caches); no forward pass yet."""

@@ -1,1 +1,1 @@
-"""qwen3_next: `declaration` (torch-free: capabilities and cache shapes from config.json) and `model` (the torch module)."""
+"""qwen3_next: `declaration` (torch-free: what it supports and caches) and `model` (the torch module)."""
