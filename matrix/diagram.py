@@ -78,7 +78,8 @@ def draw_layers(layout: CacheLayout, y: float) -> tuple[list[str], float]:
         for g, group in enumerate(groups):
             x0, x1 = 20 + group[0] * cell + 1, 20 + group[-1] * cell + cell - 3
             out.append(f'<path d="M{x0:.1f} {y - 6:.1f}v5H{x1:.1f}v-5" fill="none" stroke="{colour}" '
-                       f'stroke-width="1.5"><title>{name} group {g}: layers {", ".join(map(str, group))}</title></path>')
+                       f'stroke-width="1.5"><title>{name} group {g}: layers {", ".join(map(str, group))}</title>'
+                       '</path>')
         if groups:
             out.append(_text(20, y + 13, f"{len(groups)} {name} group(s): each bracket is one group", 11))
             y += 30

@@ -197,7 +197,8 @@ def test_every_status_cell_shows_its_glyphs_colours_without_emoji_fonts(supporte
             assert cell["box"], f"{row[0]['text']}: a status cell has no glyph"
             share = share_of_colour(image, cell["box"], DRAWINGS[cell["glyph"]].rgb)
             if share < 0.08:
-                missing.append(f"{row[0]['text']}: {cell['glyph']} shows {share:.0%} of {DRAWINGS[cell['glyph']].colour}")
+                colour = DRAWINGS[cell["glyph"]].colour
+                missing.append(f"{row[0]['text']}: {cell['glyph']} shows {share:.0%} of {colour}")
     assert not missing, "glyphs drawn without their colours (an empty box?):\n" + "\n".join(missing)
 
 

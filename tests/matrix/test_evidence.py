@@ -124,7 +124,8 @@ def test_the_built_evidence_page_links_each_row_to_its_section(built_site):
 
 def test_each_tiny_model_case_proves_its_own_architecture():
     """A case named after a tiny model (tests/tiny_models.py) can only prove that model's architecture."""
-    from tiny_models import CONFIGS as TINY, FAMILY_CONFIGS
+    from tiny_models import CONFIGS as TINY
+    from tiny_models import FAMILY_CONFIGS
 
     CONFIGS = {**TINY, **FAMILY_CONFIGS}
     cases = [(claim.test.partition("[")[2].rstrip("]"), claim) for claim in read_claims(ROOT)]

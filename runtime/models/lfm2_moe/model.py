@@ -39,7 +39,9 @@ class Lfm2MoeBlock(nn.Module):
 
 
 def moe_feed_forward(dims: Lfm2MoeDims, layer_idx: int) -> nn.Module:
-    return Lfm2MLP(dims.hidden_size, dims.intermediate_size) if layer_idx < dims.num_dense_layers else Lfm2MoeBlock(dims)
+    if layer_idx < dims.num_dense_layers:
+        return Lfm2MLP(dims.hidden_size, dims.intermediate_size)
+    return Lfm2MoeBlock(dims)
 
 
 class Lfm2MoeForCausalLM(Lfm2ForCausalLM):
