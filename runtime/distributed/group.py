@@ -135,12 +135,14 @@ def _spawn(world_size: int, backend: str) -> Group:
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     context = mp.get_context("spawn")
     processes = []
-    for rank in range(1, world_size):
-        process = context.Process(target=worker_main, args=(rank, world_size, backend, init_method, os.getpid()),
-                                  name=f"tandem-tp-rank{rank}", daemon=True)
-        process.start()
-        processes.append(process)
     try:
+        for rank in range(1, world_size):
+            ready, ready_in_worker = context.Pipe(duplex=False)
+            process = context.Process(target=worker_main, name=f"tandem-tp-rank{rank}", daemon=True,
+                                      args=(rank, world_size, backend, init_method, os.getpid(), ready_in_worker))
+            process.start()
+            processes.append(process)
+            _wait_started(process, rank, ready)
         dist.init_process_group(backend, init_method=init_method, rank=0, world_size=world_size,
                                 timeout=START_TIMEOUT)
     except BaseException:
@@ -150,6 +152,18 @@ def _spawn(world_size: int, backend: str) -> Group:
     logger.info("tensor parallel: %d ranks over %s (workers %s)", world_size, backend,
                 ", ".join(str(p.pid) for p in processes))
     return Group(world_size, backend, processes)
+
+
+def _wait_started(process: Any, rank: int, ready: Any) -> None:
+    """Wait until the worker runs our code; one that dies first (a script without a main guard) is named."""
+    while not ready.poll(0.1):
+        if not process.is_alive():
+            raise ValueError(
+                f"tensor-parallel worker rank {rank} exited with code {process.exitcode} before it started; "
+                "workers are started with multiprocessing's spawn, which imports the main module again: "
+                "guard a script's entry point with `if __name__ == '__main__':`"
+            )
+    ready.close()
 
 
 def _join(world_size: int, backend: str) -> Group:
