@@ -27,15 +27,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from runtime.distributed.env import under_torchrun
+
 logger = logging.getLogger("tandem")
 
 START_TIMEOUT = timedelta(seconds=300)
 STOP_TIMEOUT = 10.0  # seconds workers get to leave on their own before they are terminated
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ
-                                                    and "MASTER_ADDR" in os.environ)
 
 
 def backend_for(device: str) -> str:
@@ -184,10 +181,6 @@ def _join(world_size: int, backend: str) -> Group:
         dist.destroy_process_group()
         sys.exit(0)
     return group
-
-
-def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) if under_torchrun() else 0
 
 
 def watch_parent(parent_pid: int) -> None:

@@ -7,6 +7,7 @@ multiprocessing's resource tracker), and the worker ids the group logs at start 
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,24 +39,33 @@ def worker_pids(log: str) -> set[int]:
     return {int(pid) for pid in match.group(1).split(", ")}
 
 
+PROMPT = "The page pool holds"
+
+
 @pytest.fixture(scope="module")
 def model_dir(tiny_checkpoint):
     return tiny_checkpoint("bamba")[0]
 
 
+@pytest.fixture(scope="module")
+def expected(model_dir):
+    """The TP=1 engine's greedy completion of PROMPT (8 tokens)."""
+    outputs = LLM(model_dir, dtype="float32").generate([PROMPT], SamplingParams(temperature=0, max_tokens=8),
+                                                       use_tqdm=False)
+    return outputs[0].outputs[0].text
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
-def test_serve_tp2_answers_openai_and_leaves_no_process(model_dir, tmp_path, sig):
+def test_serve_tp2_answers_openai_and_leaves_no_process(model_dir, expected, tmp_path, sig):
     log = tmp_path / "server.log"
     with serve(model_dir, log, *TP_ARGS) as server:
         started = descendants(server.proc.pid)
         workers = worker_pids(log.read_text())
         assert workers <= started
         if sig == signal.SIGTERM:
-            completion = server.client().completions.create(model="tiny-bamba", prompt="The page pool holds",
-                                                            max_tokens=8, temperature=0)
-            expected = LLM(model_dir, dtype="float32", max_model_len=512).generate(
-                ["The page pool holds"], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-            assert completion.choices[0].text == expected[0].outputs[0].text
+            completion = server.client().completions.create(model="tiny-bamba", prompt=PROMPT, max_tokens=8,
+                                                            temperature=0)
+            assert completion.choices[0].text == expected
         assert server.stop(sig) == 0
     assert gone(started) == set()
 
@@ -69,12 +79,22 @@ def test_a_start_up_error_leaves_no_process(model_dir, tmp_path):
     assert gone(worker_pids(result.stderr)) == set()
 
 
-def test_generate_tp2_exits_normally_and_leaves_no_process(model_dir):
-    result = subprocess.run([sys.executable, "-m", "runtime", "generate", str(model_dir), "The page pool holds",
-                             "--max-tokens", "8", "--dtype", "float32", "-tp", "2", "-v"], cwd=ROOT,
-                            capture_output=True, text=True)
+def test_generate_tp2_exits_normally_and_leaves_no_process(model_dir, expected):
+    result = subprocess.run([sys.executable, "-m", "runtime", "generate", str(model_dir), PROMPT, "--max-tokens", "8",
+                             "--dtype", "float32", "-tp", "2", "-v"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    expected = LLM(model_dir, dtype="float32").generate(["The page pool holds"],
-                                                        SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-    assert result.stdout == "The page pool holds" + expected[0].outputs[0].text + "\n"
+    assert result.stdout == PROMPT + expected + "\n"
     assert gone(worker_pids(result.stderr)) == set()
+
+
+def test_the_same_command_runs_under_torchrun(model_dir, expected):
+    """torchrun starts both ranks (env://, MASTER_ADDR/MASTER_PORT); rank 0 prints, rank 1 only executes."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), "-m", "runtime", "generate", str(model_dir),
+                             PROMPT, "--max-tokens", "8", "--dtype", "float32", "-tp", "2"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == PROMPT + expected + "\n"
