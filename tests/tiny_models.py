@@ -230,6 +230,14 @@ DELTANET_CONFIGS = {
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
         mlp_only_layers=[2])),
+    # Unfused Gated DeltaNet projections and a dense MLP.
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(
+        COMMON, **dict(ATTENTION, head_dim=16), **GATED_DELTANET, num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])),
+    # Experts with a gated shared expert in every layer; attention placed by the default interval of 4.
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
+        COMMON, **dict(ATTENTION, head_dim=16), **GATED_DELTANET, num_hidden_layers=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)),
 }
 
 

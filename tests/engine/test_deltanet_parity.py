@@ -1,7 +1,7 @@
-"""Gated DeltaNet families (Qwen3-Next) against HF transformers, the oracle, on tiny checkpoints whose every
-parameter is random: greedy tokens of a mixed-length batch, the same with chunked prefill and with preemption,
-last-token logits (float32), bfloat16 within the bounds of test_families_parity.py, and the engine on the
-Triton kernels. The helpers are test_families_parity.py's."""
+"""Gated DeltaNet families (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) against HF transformers, the oracle, on tiny
+checkpoints whose every parameter is random: greedy tokens of a mixed-length batch, the same with chunked
+prefill and with preemption, last-token logits (float32), bfloat16 within the bounds of test_families_parity.py,
+and the engine on the Triton kernels. The helpers are test_families_parity.py's."""
 
 import copy
 
@@ -25,8 +25,14 @@ from runtime.config import EngineConfig
 # Each case proves that its architecture runs on the engine (the V1 column; see docs/contributing.md).
 MODELS = [
     pytest.param("qwen3_next", marks=pytest.mark.proves("Qwen3NextForCausalLM", "engine")),
+    pytest.param("qwen3_5", marks=pytest.mark.proves("Qwen3_5ForCausalLM", "engine")),
+    pytest.param("qwen3_5_moe", marks=pytest.mark.proves("Qwen3_5MoeForCausalLM", "engine")),
 ]
-SCHEDULED = ["qwen3_next"]
+SCHEDULED = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+# Tiny Qwen3.5 at BF16_INITIALIZER_RANGE is more sensitive than a trained model: HF's own bfloat16 forward
+# misses its float32 logits by 12% of their largest (ours by 13%), over the 10% sanity bound. At 0.1 both
+# are near 5%, and the comparison with HF's bfloat16 error stays as strict.
+BF16_RANGES = {"qwen3_5": 0.1}
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +88,7 @@ def test_last_token_logits_match_transformers(name, deltanet_checkpoint):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_bfloat16_runs_and_stays_close_to_float32(name, deltanet_checkpoint):
-    directory, hf = deltanet_checkpoint(name, initializer_range=BF16_INITIALIZER_RANGE)
+    directory, hf = deltanet_checkpoint(name, initializer_range=BF16_RANGES.get(name, BF16_INITIALIZER_RANGE))
     reference = LLM(directory, dtype="float32")
     ids = prompt_ids(reference)
     expected = last_token_logits(reference, ids)
@@ -97,7 +103,7 @@ def test_bfloat16_runs_and_stays_close_to_float32(name, deltanet_checkpoint):
     assert torch.equal(got.argmax(-1)[kept], expected.argmax(-1)[kept]), name
 
 
-@pytest.mark.proves("chunked prefill", "Qwen3NextForCausalLM")
+@pytest.mark.proves("chunked prefill", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 @pytest.mark.parametrize("name", SCHEDULED)
 def test_chunked_prefill_matches_transformers(name, deltanet_checkpoint, hf_tokens_of):
     directory, _ = deltanet_checkpoint(name)
@@ -130,7 +136,8 @@ def restore_backend():
     kernels.bind("torch", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("name", SCHEDULED)
+# One model: the others differ from it only in torch code (projections, MLP), not in the kernels they run.
+@pytest.mark.parametrize("name", ["qwen3_next"])
 def test_triton_kernels_give_the_tokens_of_transformers(name, deltanet_checkpoint, hf_tokens_of, restore_backend):
     """The whole engine on the Triton kernels (the interpreter on a CPU), prompts prefilled in pieces."""
     directory, _ = deltanet_checkpoint(name)

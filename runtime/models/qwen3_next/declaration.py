@@ -46,6 +46,13 @@ class Qwen3NextDims:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
 
+# What the engine does for every Gated DeltaNet model it runs.
+GATED_DELTANET_CAPABILITIES = capabilities(
+    ON_ENGINE, chunked_prefill=supported(),
+    prefix_caching=planned("Not tested on Gated DeltaNet yet: the kernels write each prefill's final state, "
+                           "which prefix caching snapshots, but no test proves it."),
+)
+
 
 def moe_layers(cfg: HFConfig, num_layers: int) -> tuple[bool, ...]:
     """Qwen3NextDecoderLayer's rule: experts where the layer is not MLP-only and (i + 1) % step == 0."""
@@ -64,11 +71,7 @@ class Qwen3NextForCausalLM(ModelDeclaration):
     example_models = ("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.GATED_DELTANET})
     state_name = "gated-deltanet state"
-    capabilities = capabilities(
-        ON_ENGINE, chunked_prefill=supported(),
-        prefix_caching=planned("Not tested on Gated DeltaNet yet: the kernels write only each prefill's final "
-                               "state, as prefix caching needs, but no test proves it."),
-    )
+    capabilities = GATED_DELTANET_CAPABILITIES
     implementation = "runtime.models.qwen3_next.model:Qwen3NextForCausalLM"
     # The recurrent state follows the model dtype unless asked otherwise, as in vLLM (HF keeps it in float32:
     # --mamba-ssm-dtype float32 does the same).
@@ -167,7 +170,9 @@ class Qwen3NextForCausalLM(ModelDeclaration):
             linear_key_head_dim=cfg.positive_int("linear_key_head_dim"),
             linear_value_head_dim=cfg.positive_int("linear_value_head_dim"),
             linear_conv_kernel_dim=cfg.positive_int("linear_conv_kernel_dim"),
-            intermediate_size=cfg.positive_int("intermediate_size"),
+            # Unused (and absent from Qwen3.5-MoE's config.json) when every layer has experts.
+            intermediate_size=int(cfg.first("intermediate_size", default=0)) if all(moe)
+            else cfg.positive_int("intermediate_size"),
             moe_layers=moe,
             **experts,
         )
