@@ -208,11 +208,14 @@ def _launch(q, k, v, a, b, A_log, dt_bias, states, state_indices, query_start_lo
     num_heads, dk, dv = states.shape[1:]
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     block_v = min(GDN_BLOCK_V, triton.next_power_of_2(dv))
+    # A (128, 32) float32 state tile over 4 warps spills registers on sm_90 (bench/kernels.py --compile-only);
+    # over 8 it does not.
+    warps = 8 if triton.next_power_of_2(dk) * block_v >= 4096 else 4
     _gated_delta_rule_kernel[(num_seqs, num_heads, triton.cdiv(dv, block_v))](
         q, k, v, a, b, A_log, dt_bias, states, state_indices, query_start_loc, has_initial_state, out,
         dk, dv, *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *states.stride(), *out.stride(),
         q.shape[-1] ** -0.5, HEADS_PER_K=num_heads // q.shape[1], DECODE=decode,
-        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v,
+        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return out
 
