@@ -39,12 +39,24 @@ def resolve_device(name: str) -> torch.device:
 
 
 @dataclass
+class PromptLogits:
+    """Logits at a prompt chunk's positions start, start + 1, ...: each predicts the prompt token after it."""
+
+    seq: Sequence
+    start: int
+    logits: torch.Tensor
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     context: ForwardContext
     logits_indices: torch.Tensor
     sample_seqs: list[Sequence]  # sequences whose next token this step produces, in logits order
+    # (sequence, first position, first row in input_ids, count) of the prompt positions whose logits
+    # SamplingParams.prompt_logprobs asks for.
+    prompt_rows: list[tuple[Sequence, int, int, int]]
 
 
 class ModelRunner:
@@ -79,13 +91,25 @@ class ModelRunner:
             useful *= 2
         return max(1, min(by_memory, useful))
 
-    @torch.inference_mode()
     def execute(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that get a new token and their logits (float32)."""
+        seqs, logits, _ = self.run(batch)
+        return seqs, logits
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
+        """`execute`, and the logits of the prompt positions whose requests want prompt logprobs."""
         step = self.prepare(batch)
         with forward_context(step.context):
             hidden = self.model(step.input_ids, step.positions)
-        return step.sample_seqs, self.model.compute_logits(hidden[step.logits_indices])
+        rows = [step.logits_indices] + [torch.arange(row, row + n, device=self.device)
+                                        for _, _, row, n in step.prompt_rows]
+        logits = self.model.compute_logits(hidden[torch.cat(rows)])
+        num_sampled, prompt_logits = len(step.sample_seqs), []
+        for chunk in logits[num_sampled:].split([n for *_, n in step.prompt_rows]):
+            seq, start, _, _ = step.prompt_rows[len(prompt_logits)]
+            prompt_logits.append(PromptLogits(seq, start, chunk))
+        return step.sample_seqs, logits[:num_sampled], prompt_logits
 
     @torch.inference_mode()
     def copy_pages(self, copies: list[tuple[int, int]]) -> None:
@@ -99,8 +123,12 @@ class ModelRunner:
         counts = [batch.num_new_tokens[i] for i in order]
         starts = [seq.num_computed_tokens for seq in seqs]
         num_decodes = sum(_is_decode(seq, n) for seq, n in zip(seqs, counts))
-        input_ids, positions, logits_indices, sample_seqs = [], [], [], []
+        input_ids, positions, logits_indices, sample_seqs, prompt_rows = [], [], [], [], []
         for seq, start, n in zip(seqs, starts, counts):
+            # Positions before the prompt's last one each predict a prompt token.
+            num_prompt = min(start + n, len(seq.prompt_token_ids) - 1) - start
+            if seq.params.prompt_logprobs is not None and num_prompt > 0:
+                prompt_rows.append((seq, start, len(input_ids), num_prompt))
             input_ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             if start + n == seq.num_tokens:
@@ -109,7 +137,7 @@ class ModelRunner:
         context = self._context(seqs, starts, counts, num_decodes, len(input_ids))
         as_long = dict(dtype=torch.long, device=self.device)
         return StepInputs(torch.tensor(input_ids, **as_long), torch.tensor(positions, **as_long), context,
-                          torch.tensor(logits_indices, **as_long), sample_seqs)
+                          torch.tensor(logits_indices, **as_long), sample_seqs, prompt_rows)
 
     def _context(self, seqs, starts, counts, num_decodes, num_tokens) -> ForwardContext:
         layout, device = self.layout, self.device
