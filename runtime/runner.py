@@ -39,6 +39,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 @dataclass
+class PromptLogits:
+    """Logits at a prompt chunk's positions start, start + 1, ...: each predicts the prompt token after it."""
+
+    seq: Sequence
+    start: int
+    logits: torch.Tensor
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -79,13 +88,16 @@ class ModelRunner:
             useful *= 2
         return max(1, min(by_memory, useful))
 
-    @torch.inference_mode()
     def execute(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that get a new token and their logits (float32)."""
-        step = self.prepare(batch)
-        with forward_context(step.context):
-            hidden = self.model(step.input_ids, step.positions)
-        return step.sample_seqs, self.model.compute_logits(hidden[step.logits_indices])
+        seqs, logits, _ = self.run(batch)
+        return seqs, logits
+
+    def run(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
+        """`execute`, and the logits of the prompt positions whose requests want prompt logprobs."""
+        plan, sample_seqs, prompt_seqs = plan_step(batch, self.layout.num_attention_groups,
+                                                   self.layout.num_state_groups)
+        return split_logits(self.execute_plan(plan), plan, sample_seqs, prompt_seqs)
 
     def shutdown(self) -> None:
         """Nothing to release on one device (a tensor-parallel runner frees the other ranks' shards)."""
@@ -97,7 +109,7 @@ class ModelRunner:
             self.pool[destination].copy_(self.pool[source])
 
     def prepare(self, batch: Batch) -> StepInputs:
-        plan, sample_seqs = plan_step(batch, self.layout.num_attention_groups, self.layout.num_state_groups)
+        plan, sample_seqs, _ = plan_step(batch, self.layout.num_attention_groups, self.layout.num_state_groups)
         return self.inputs(plan, sample_seqs)
 
     def inputs(self, plan: StepPlan, sample_seqs: list[Sequence]) -> StepInputs:
@@ -108,10 +120,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_plan(self, plan: StepPlan) -> torch.Tensor:
+        """Logits of the sampled rows, then of each prompt chunk in `plan.prompt_rows`."""
         step = self.inputs(plan, [])
         with forward_context(step.context):
             hidden = self.model(step.input_ids, step.positions)
-        return self.model.compute_logits(hidden[step.logits_indices])
+        rows = [step.logits_indices] + [torch.arange(row, row + n, device=self.device)
+                                        for _, row, n in plan.prompt_rows]
+        return self.model.compute_logits(hidden[torch.cat(rows)])
 
     def _context(self, plan: StepPlan) -> ForwardContext:
         layout, device = self.layout, self.device
@@ -160,17 +175,27 @@ class StepPlan:
     num_decodes: int
     block_tables: list[list[list[int]]]  # per attention group, per sequence: page ids
     state_pages: list[list[int]]  # per state group, per sequence: the state page id
+    # (first position, first row in input_ids, count) of the prompt positions whose logits
+    # SamplingParams.prompt_logprobs asks for.
+    prompt_rows: list[tuple[int, int, int]]
 
 
-def plan_step(batch: Batch, num_attention_groups: int, num_state_groups: int) -> tuple[StepPlan, list[Sequence]]:
-    """The step's plan, and the sequences whose next token it produces (in logits order)."""
+def plan_step(batch: Batch, num_attention_groups: int,
+              num_state_groups: int) -> tuple[StepPlan, list[Sequence], list[Sequence]]:
+    """The step's plan, the sequences whose next token it produces (in logits order), and the sequence
+    of each of the plan's prompt rows."""
     order = sorted(range(len(batch.seqs)), key=lambda i: not _is_decode(batch.seqs[i], batch.num_new_tokens[i]))
     seqs = [batch.seqs[i] for i in order]
     counts = [batch.num_new_tokens[i] for i in order]
     starts = [seq.num_computed_tokens for seq in seqs]
     num_decodes = sum(_is_decode(seq, n) for seq, n in zip(seqs, counts))
-    input_ids, positions, logits_indices, sample_seqs = [], [], [], []
+    input_ids, positions, logits_indices, sample_seqs, prompt_rows, prompt_seqs = [], [], [], [], [], []
     for seq, start, n in zip(seqs, starts, counts):
+        # Positions before the prompt's last one each predict a prompt token.
+        num_prompt = min(start + n, len(seq.prompt_token_ids) - 1) - start
+        if seq.params.prompt_logprobs is not None and num_prompt > 0:
+            prompt_rows.append((start, len(input_ids), num_prompt))
+            prompt_seqs.append(seq)
         input_ids.extend(seq.token_ids[start : start + n])
         positions.extend(range(start, start + n))
         if start + n == seq.num_tokens:
@@ -178,8 +203,19 @@ def plan_step(batch: Batch, num_attention_groups: int, num_state_groups: int) ->
             sample_seqs.append(seq)
     block_tables = [[list(seq.block_tables[g]) for seq in seqs] for g in range(num_attention_groups)]
     state_pages = [[seq.state_pages[g] for seq in seqs] for g in range(num_state_groups)]
-    plan = StepPlan(input_ids, positions, logits_indices, counts, starts, num_decodes, block_tables, state_pages)
-    return plan, sample_seqs
+    plan = StepPlan(input_ids, positions, logits_indices, counts, starts, num_decodes, block_tables, state_pages,
+                    prompt_rows)
+    return plan, sample_seqs, prompt_seqs
+
+
+def split_logits(logits: torch.Tensor, plan: StepPlan, sample_seqs: list[Sequence],
+                 prompt_seqs: list[Sequence]) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
+    """`execute_plan`'s logits as the sampled sequences' rows and each prompt chunk's."""
+    num_sampled = len(sample_seqs)
+    chunks = logits[num_sampled:].split([n for *_, n in plan.prompt_rows])
+    prompt_logits = [PromptLogits(seq, start, chunk)
+                     for seq, (start, _, _), chunk in zip(prompt_seqs, plan.prompt_rows, chunks)]
+    return sample_seqs, logits[:num_sampled], prompt_logits
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:

@@ -21,7 +21,7 @@ from runtime.distributed.group import Group, backend_for, current, ensure_group
 from runtime.distributed.sharding import check_sharding
 from runtime.dtypes import DTYPES
 from runtime.loader import default_dtype
-from runtime.runner import ModelRunner, plan_step
+from runtime.runner import ModelRunner, PromptLogits, plan_step, split_logits
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
 
@@ -92,13 +92,18 @@ class TensorParallelRunner:
         return getattr(self.__dict__["local"], name)
 
     def execute(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
+        seqs, logits, _ = self.run(batch)
+        return seqs, logits
+
+    def run(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
         local = self.local
-        plan, sample_seqs = plan_step(batch, local.layout.num_attention_groups, local.layout.num_state_groups)
+        plan, sample_seqs, prompt_seqs = plan_step(batch, local.layout.num_attention_groups,
+                                                   local.layout.num_state_groups)
         self.group.busy = True
         self.group.send(("execute", self.engine_id, plan))
         logits = local.execute_plan(plan)
         self.group.busy = False
-        return sample_seqs, logits
+        return split_logits(logits, plan, sample_seqs, prompt_seqs)
 
     def copy_pages(self, copies: list[tuple[int, int]]) -> None:
         self.group.send(("copy", self.engine_id, copies))

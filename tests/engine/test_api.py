@@ -50,7 +50,7 @@ def test_bad_prompts(llm):
         llm.generate([{"prompt_token_ids": [1, 10**6]}], use_tqdm=False)
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate([{"text": "x"}], use_tqdm=False)
-    with pytest.raises(ValueError, match="stop token id 100000 is outside the vocabulary"):
+    with pytest.raises(ValueError, match="stop_token_ids: token id 100000 is outside the vocabulary"):
         llm.generate(["The"], SamplingParams(stop_token_ids=[100000]), use_tqdm=False)
     assert llm.engine.cache.num_free_pages == llm.engine.cache.num_pages
 

@@ -9,7 +9,7 @@ from runtime.models.bamba.declaration import BambaForCausalLM
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import partial, supported
 from runtime.models.llama.declaration import LlamaForCausalLM
-from runtime.models.qwen3_next.declaration import Qwen3NextForCausalLM
+from runtime.models.minimax.declaration import MiniMaxForCausalLM
 
 PAGE = "docs/models/evidence.md"
 PP_NOTE = "Layers split across two stages only."
@@ -57,14 +57,14 @@ def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, ro
 
 
 def test_an_engine_cell_flipped_to_supported_fails_the_check(cli, root, monkeypatch):
-    monkeypatch.setattr(Qwen3NextForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
-    monkeypatch.setattr(Qwen3NextForCausalLM, "capabilities", capabilities(ON_ENGINE))
+    monkeypatch.setattr(MiniMaxForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
+    monkeypatch.setattr(MiniMaxForCausalLM, "capabilities", capabilities(ON_ENGINE))
     cli("render", "--root", str(root))
     ran = cli("check", "--root", str(root))
     assert ran.code == 1
-    assert ("Qwen3NextForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test "
-            'marked @pytest.mark.proves("Qwen3NextForCausalLM", "engine") or set the declaration to planned(...) in '
-            "runtime/models/qwen3_next/declaration.py") in ran.out
+    assert ("MiniMaxForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test "
+            'marked @pytest.mark.proves("MiniMaxForCausalLM", "engine") or set the declaration to planned(...) in '
+            "runtime/models/minimax/declaration.py") in ran.out
 
 
 def remove_chunked_prefill_proofs(root):
@@ -107,7 +107,7 @@ def test_the_evidence_page_lists_the_tests_by_architecture_and_claim():
     assert "**Chunked prefill**: ✅ supported, 2 tests\n\n- `tests/engine/test_parity.py::" in bamba
     assert "- `tests/engine/test_scheduling.py::test_chunked_prefill_equals_one_shot`" in bamba
     assert "| [`BambaForCausalLM`](#bambaforcausallm) | ✅ " in page
-    assert "| `Qwen3NextForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
+    assert "| `MiniMaxForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
 
 
 def test_an_unproven_cell_fails_the_strict_build(root, tmp_path):
