@@ -129,6 +129,13 @@ def shutdown() -> None:
 def _spawn(world_size: int, backend: str) -> Group:
     from runtime.distributed.worker import worker_main
 
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"tensor_parallel_size={world_size} needs {world_size} GPUs (one per rank) but this machine has "
+            f"{torch.cuda.device_count()}; use at most {torch.cuda.device_count()}, run under torchrun across "
+            "machines, or pass --device cpu"
+        )
+
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     context = mp.get_context("spawn")
     processes = []

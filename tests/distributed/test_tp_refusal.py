@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from tp_helpers import my_descendants
 
 from runtime import LLM
@@ -40,3 +41,12 @@ def test_cli_refuses_in_one_line_with_exit_2(tiny_checkpoint):
     assert result.stderr.count("\n") == 1
     assert "num_attention_heads=4 is not divisible by tensor_parallel_size=3" in result.stderr
     assert "1, 2, 4" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has a GPU per rank")
+def test_more_ranks_than_gpus_is_refused_before_any_process_starts(tiny_checkpoint):
+    directory, _ = tiny_checkpoint("llama")
+    before = my_descendants()
+    with pytest.raises(ValueError, match=f"tensor_parallel_size=2 needs 2 GPUs .* has {torch.cuda.device_count()}"):
+        LLM(directory, tensor_parallel_size=2, device="cuda")
+    assert my_descendants() == before
