@@ -2,5 +2,6 @@
 
 `state` is this process's rank and the collectives; `sharding` cuts a built model for one rank;
 `group` starts (or, under torchrun, joins) the process group and its worker processes; `worker`
-is what the other ranks run; `runner` is rank 0's face of the group to the engine.
+is what the other ranks run; `runner` is rank 0's face of the group to the engine; `env` reads
+torchrun's environment without importing torch.
 """
