@@ -153,3 +153,35 @@ def test_each_rank_holds_its_shard(tiny_checkpoint):
         assert layout.mamba.shapes != EngineConfig(str(directory)).cache.mamba.shapes
     finally:
         llm.engine.shutdown()
+
+
+def logprob_table(entries):
+    """{token: logprob} per position (None stays None), for comparing within float tolerance."""
+    return [None if e is None else {t: lp.logprob for t, lp in e.items()} for e in entries]
+
+
+def assert_close_tables(ours, theirs):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.keys() == b.keys()
+            assert all(abs(a[t] - b[t]) < 1e-4 for t in a)
+
+
+def test_prompt_logprobs_and_parallel_samples_equal_one_device(tiny_checkpoint):
+    """The step plan's prompt rows and n > 1 samples come back the same from a TP=2 step."""
+    directory, _ = tiny_checkpoint("bamba")
+    params = SamplingParams(n=2, temperature=0.8, seed=7, max_tokens=6, logprobs=2, prompt_logprobs=2)
+    runs = []
+    for tp in (2, 1):
+        llm = LLM(directory, dtype="float32", tensor_parallel_size=tp, max_num_batched_tokens=STEP_TOKENS)
+        try:
+            runs.append(llm.generate(PROMPTS[:2], params, use_tqdm=False))
+        finally:
+            llm.engine.shutdown()
+    for tp2, tp1 in zip(*runs):
+        assert [o.token_ids for o in tp2.outputs] == [o.token_ids for o in tp1.outputs]
+        assert_close_tables(logprob_table(tp2.prompt_logprobs), logprob_table(tp1.prompt_logprobs))
+        for a, b in zip(tp2.outputs, tp1.outputs):
+            assert_close_tables(logprob_table(a.logprobs), logprob_table(b.logprobs))
