@@ -42,7 +42,7 @@ def load_local(group: Group, options: dict[str, Any], rank: int) -> tuple[ModelR
     try:
         runner = ModelRunner(EngineConfig(**options))
     except Exception as err:  # reported to rank 0, which raises it
-        logger.exception("rank %d could not load the model", rank)
+        logger.debug("rank %d could not load the model", rank, exc_info=True)
         error = f"{type(err).__name__}: {err}"
     errors = group.gather(error)
     if any(errors):
@@ -89,6 +89,8 @@ class TensorParallelRunner:
 
     def __getattr__(self, name: str) -> Any:
         # device, num_pages, model, layout, kernel_backend, ...: rank 0's, the same shapes as every rank's.
+        if "local" not in self.__dict__:
+            raise AttributeError(f"{name}: this tensor-parallel runner is shut down")
         return getattr(self.__dict__["local"], name)
 
     def execute(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:

@@ -73,7 +73,7 @@ def test_an_unsupported_feature_is_refused_with_the_declarations_note(tiny_check
     from runtime.models.interface import supported
 
     monkeypatch.setattr(BambaForCausalLM, "capabilities", capabilities(ON_ENGINE, chunked_prefill=supported()))
-    with pytest.raises(ValueError, match="does not support tensor parallelism .*engine runs on one device"):
+    with pytest.raises(ValueError, match="does not support tensor parallelism .*not split over ranks yet"):
         LLM(tiny_checkpoint("bamba")[0], tensor_parallel_size=2)
 
 
