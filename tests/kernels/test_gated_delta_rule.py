@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from triton_helpers import DEVICE, assert_close, needs_device, on_device
 
 from runtime.kernels.gated_delta_rule import (
+    GDN_BLOCK_T,
     gated_delta_rule_fn_ref,
     gated_delta_rule_fn_triton,
     gated_delta_rule_update_ref,
@@ -101,8 +102,9 @@ def state_pool(page_pool, dtype):
 def test_prefill_kernel_matches_reference(page_pool, dtype, state_dtype):
     torch.manual_seed(2)
     pool, states = state_pool(page_pool, state_dtype)
-    # A resumed sequence (from a nonzero state), a fresh one over several chunks, a one-token one, a padded one.
-    query_lens, computed = [5, 13, 1, 3], [6, 0, 0, 0]
+    # A resumed sequence (from a nonzero state) longer than the kernel's chunk, a fresh one over several of
+    # the reference's chunks, a one-token one, a padded one.
+    query_lens, computed = [GDN_BLOCK_T + 5, 13, 1, 3], [6, 0, 0, 0]
     slots = torch.tensor([5, 1, 2, -1], device=DEVICE)
     states[1] = float("nan")  # the fresh sequence's slot: reading it would show
     meta = build_mamba_prefill_metadata(query_lens, computed, chunk_size=8, device=DEVICE)
@@ -115,10 +117,15 @@ def test_prefill_kernel_matches_reference(page_pool, dtype, state_dtype):
     out = gated_delta_rule_fn_triton(*args, states, slots, meta)
 
     assert out.dtype == dtype and out.shape == (sum(query_lens), NUM_HEADS, DV)
-    # The chunked reference and the per-token kernel sum in different orders; float32 math either way.
-    assert_close(out, expected, torch.float32 if dtype == torch.float32 else dtype)
     written = slots[slots >= 0]
-    assert_close(states[written], expected_states[written])
+    if DEVICE == "cuda" and dtype != torch.float32:
+        # Compiled, half-precision activations go through tensor-core dots (half operands, float32
+        # accumulation): a few half ulps, as tests/kernels/test_triton_gpu.py allows.
+        torch.testing.assert_close(out.float().cpu(), expected.float().cpu(), atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(states[written].cpu(), expected_states[written].cpu(), atol=3e-2, rtol=3e-2)
+    else:
+        assert_close(out, expected)
+        assert_close(states[written], expected_states[written])
     pool.assert_untouched_outside_allowed(before)
 
 
