@@ -3,10 +3,11 @@
 Per sequence, value head h (query/key head h // (Hv/Hk)), token t, with a recurrent state S (Dk, Dv):
 
     q_t = l2norm(q_t) / sqrt(Dk),  k_t = l2norm(k_t)        (eps 1e-6 under the root, as HF and FLA)
-    g_t = -exp(A_log) * softplus(a_t + dt_bias),  beta_t = sigmoid(b_t)
+    g_t = -exp(A_log) * softplus(a_t + dt_bias),  beta_t = beta_scale * sigmoid(b_t)
     S   = exp(g_t) * S;  S = S + k_t (beta_t * (v_t - S^T k_t))^T;  o_t = S^T q_t
 
-which is HF's `torch_recurrent_gated_delta_rule`. Layouts: q, k (T, Hk, Dk); v (T, Hv, Dv); a, b
+which is HF's `torch_recurrent_gated_delta_rule` (beta_scale is 2 for OLMo-Hybrid's negative eigenvalues,
+else 1). Layouts: q, k (T, Hk, Dk); v (T, Hv, Dv); a, b
 (T, Hv); A_log, dt_bias (Hv,); states (num_slots, Hv, Dk, Dv), a strided page-pool view, one slot
 per sequence (state_indices, -1 = padding: no read, no write). The prefill reference computes
 HF's chunked form (`torch_chunk_gated_delta_rule`: a UT transform per chunk, then a scan over
@@ -57,6 +58,7 @@ def gated_delta_rule_fn_ref(
     states: Tensor,
     state_indices: Tensor,
     meta: MambaPrefillMetadata,
+    beta_scale: float = 1.0,
 ) -> Tensor:
     """Prefill: the gated delta rule over every sequence of a packed batch, carrying states in and out.
 
@@ -66,7 +68,7 @@ def gated_delta_rule_fn_ref(
     _check_args(q, k, v, a, b, A_log, dt_bias, states)
     assert state_indices.shape == (meta.num_sequences,)
     assert q.shape[0] == int(meta.query_start_loc[-1])
-    qf, kf, vf, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias)
+    qf, kf, vf, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias, beta_scale)
     num_heads, dk, dv = states.shape[1:]
 
     # Gather every logical chunk into (C, Q) token rows; the rows past a short chunk's end are padding
@@ -132,6 +134,7 @@ def gated_delta_rule_update_ref(
     dt_bias: Tensor,
     states: Tensor,
     state_indices: Tensor,
+    beta_scale: float = 1.0,
 ) -> Tensor:
     """Decode: one token per sequence (T = S). state_indices (S,), -1 = padding (skipped: no read, no
     write, output zero). Updates states in place; returns (S, Hv, Dv) in v's dtype."""
@@ -139,7 +142,7 @@ def gated_delta_rule_update_ref(
     assert state_indices.shape == q.shape[:1]
     keep = state_indices >= 0
     slots = state_indices[keep]
-    qf, kf, vf, g, beta = _prepare(q[keep], k[keep], v[keep], a[keep], b[keep], A_log, dt_bias)
+    qf, kf, vf, g, beta = _prepare(q[keep], k[keep], v[keep], a[keep], b[keep], A_log, dt_bias, beta_scale)
     state = states[slots].float() * g.exp()[..., None, None]  # (S', H, Dk, Dv)
     kv_mem = (state * kf[..., None]).sum(dim=-2)
     delta = (vf - kv_mem) * beta[..., None]
@@ -150,13 +153,13 @@ def gated_delta_rule_update_ref(
     return out
 
 
-def _prepare(q, k, v, a, b, A_log, dt_bias) -> tuple[Tensor, ...]:
+def _prepare(q, k, v, a, b, A_log, dt_bias, beta_scale: float) -> tuple[Tensor, ...]:
     """float32 q (scaled), k (both l2-normed and repeated to the value heads), v, g and beta."""
     repeat = v.shape[1] // q.shape[1]
     qf = _l2norm(q.float()).repeat_interleave(repeat, dim=1) * q.shape[-1] ** -0.5
     kf = _l2norm(k.float()).repeat_interleave(repeat, dim=1)
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return qf, kf, v.float(), g, torch.sigmoid(b.float())
+    return qf, kf, v.float(), g, beta_scale * torch.sigmoid(b.float())
 
 
 def _l2norm(x: Tensor) -> Tensor:
@@ -184,6 +187,7 @@ def gated_delta_rule_fn_triton(
     states: Tensor,
     state_indices: Tensor,
     meta: MambaPrefillMetadata,
+    beta_scale: float = 1.0,
 ) -> Tensor:
     """gated_delta_rule_fn_ref as one Triton kernel (same shapes): a program per (sequence, value head,
     Dv block) walks the sequence chunk by chunk."""
@@ -195,8 +199,8 @@ def gated_delta_rule_fn_triton(
     _chunked_delta_rule_kernel[(meta.num_sequences, num_heads, triton.cdiv(dv, block_v))](
         q, k, v, a, b, A_log, dt_bias, states, state_indices, meta.query_start_loc, meta.has_initial_state, out,
         dk, dv, *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *states.stride(), *out.stride(),
-        q.shape[-1] ** -0.5, HEADS_PER_K=num_heads // q.shape[1], BLOCK_T=GDN_BLOCK_T, BLOCK_K=block_k,
-        BLOCK_V=block_v, DOT_DTYPE=dot_dtype(v.dtype), num_warps=8,
+        q.shape[-1] ** -0.5, float(beta_scale), HEADS_PER_K=num_heads // q.shape[1], BLOCK_T=GDN_BLOCK_T,
+        BLOCK_K=block_k, BLOCK_V=block_v, DOT_DTYPE=dot_dtype(v.dtype), num_warps=8,
     )  # fmt: skip
     return out
 
@@ -211,6 +215,7 @@ def gated_delta_rule_update_triton(
     dt_bias: Tensor,
     states: Tensor,
     state_indices: Tensor,
+    beta_scale: float = 1.0,
 ) -> Tensor:
     """gated_delta_rule_update_ref as one Triton kernel (same shapes): a program per (sequence, value head,
     Dv block) updates its state tile by one token."""
@@ -224,7 +229,7 @@ def gated_delta_rule_update_triton(
     warps = 8 if triton.next_power_of_2(dk) * block_v >= 4096 else 4
     _delta_rule_update_kernel[(q.shape[0], num_heads, triton.cdiv(dv, block_v))](
         q, k, v, a, b, A_log, dt_bias, states, state_indices, out, dk, dv, *q.stride(), *k.stride(), *v.stride(),
-        *a.stride(), *b.stride(), *states.stride(), *out.stride(), q.shape[-1] ** -0.5,
+        *a.stride(), *b.stride(), *states.stride(), *out.stride(), q.shape[-1] ** -0.5, float(beta_scale),
         HEADS_PER_K=num_heads // q.shape[1], BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return out
@@ -235,7 +240,7 @@ def _delta_rule_update_kernel(
     q, k, v, a, b, A_log, dt_bias, states, state_indices, out, dk, dv,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_at, stride_ah, stride_bt, stride_bh, stride_ss, stride_sh, stride_sk, stride_sv,
-    stride_ot, stride_oh, stride_od, scale,
+    stride_ot, stride_oh, stride_od, scale, beta_scale,
     HEADS_PER_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     seq, head, v_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -261,7 +266,7 @@ def _delta_rule_update_kernel(
     b_t = tl.load(b + seq * stride_bt + head * stride_bh).to(tl.float32)
     decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
     state = state * tl.exp(decay_rate * softplus(a_t + tl.load(dt_bias + head).to(tl.float32)))
-    delta = (vv - tl.sum(state * kv[:, None], axis=0)) * tl.sigmoid(b_t)
+    delta = (vv - tl.sum(state * kv[:, None], axis=0)) * (beta_scale * tl.sigmoid(b_t))
     state = state + kv[:, None] * delta[None, :]
     tl.store(out_ptrs, tl.sum(state * qv[:, None], axis=0), mask=v_ok)
     tl.store(state_ptrs, state, mask=k_ok[:, None] & v_ok[None, :])
@@ -272,7 +277,7 @@ def _chunked_delta_rule_kernel(
     q, k, v, a, b, A_log, dt_bias, states, state_indices, query_start_loc, has_initial_state, out, dk, dv,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_at, stride_ah, stride_bt, stride_bh, stride_ss, stride_sh, stride_sk, stride_sv,
-    stride_ot, stride_oh, stride_od, scale,
+    stride_ot, stride_oh, stride_od, scale, beta_scale,
     HEADS_PER_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):  # fmt: skip
@@ -308,7 +313,7 @@ def _chunked_delta_rule_kernel(
         b_c = tl.load(b + t * stride_bt + head * stride_bh, mask=t_ok, other=0.0).to(tl.float32)
         g_cum = tl.cumsum(tl.where(t_ok, decay_rate * softplus(a_c + bias), 0.0), axis=0)
         g_last = tl.max(tl.where(rows == BLOCK_T - 1, g_cum, float("-inf")), axis=0)
-        beta = tl.where(t_ok, tl.sigmoid(b_c), 0.0)
+        beta = tl.where(t_ok, beta_scale * tl.sigmoid(b_c), 0.0)
         # decay[i, j] = exp(g_cum_i - g_cum_j) for j <= i (<= 1: g <= 0), masked before exp so it cannot overflow.
         decay = tl.exp(tl.where(causal, g_cum[:, None] - g_cum[None, :], float("-inf")))
         kk = _dot(kc, tl.trans(kc), DOT_DTYPE)
