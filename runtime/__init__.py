@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
-_LOCATIONS = {"LLM": "runtime.llm", "SamplingParams": "runtime.sampling_params", "RequestOutput": "runtime.outputs"}
+_LOCATIONS = {"LLM": "runtime.llm", "SamplingParams": "runtime.sampling_params", "RequestOutput": "runtime.outputs",
+              "CompletionOutput": "runtime.outputs", "Logprob": "runtime.outputs"}
 
 
 def __getattr__(name: str):

@@ -1,23 +1,24 @@
-"""The engine's per-token {token id: logprob} dicts in OpenAI's two shapes (completions and chat)."""
+"""The engine's per-token {token id: Logprob} dicts in OpenAI's two shapes (completions and chat)."""
 
 from __future__ import annotations
 
+from runtime.outputs import Logprob
 from runtime.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 
-def _top(logprobs: dict[int, float], num_top: int) -> list[tuple[int, float]]:
+def _top(logprobs: dict[int, Logprob], num_top: int) -> list[tuple[int, float]]:
     # The engine's dict holds the top `num_top` and the sampled token, which may be an extra entry.
-    return sorted(logprobs.items(), key=lambda item: -item[1])[:num_top]
+    return sorted(((t, lp.logprob) for t, lp in logprobs.items()), key=lambda item: -item[1])[:num_top]
 
 
-def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]], num_top: int,
+def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, Logprob]], num_top: int,
                         text_offset: int = 0) -> CompletionLogprobs:
     """`text_offset` is where the first of these tokens starts in the completion's text."""
     out = CompletionLogprobs()
     for token_id, step in zip(token_ids, logprobs, strict=True):
         token = tokenizer.decode([token_id])
         out.tokens.append(token)
-        out.token_logprobs.append(step[token_id])
+        out.token_logprobs.append(step[token_id].logprob)
         out.top_logprobs.append({tokenizer.decode([t]): lp for t, lp in _top(step, num_top)})
         out.text_offset.append(text_offset)
         text_offset += len(token)
@@ -29,9 +30,10 @@ def _entry(tokenizer, token_id: int, logprob: float) -> TopLogprob:
     return TopLogprob(token=token, logprob=logprob, bytes=list(token.encode("utf-8")))
 
 
-def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]], num_top: int) -> ChatLogprobs:
+def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, Logprob]], num_top: int) -> ChatLogprobs:
     content = []
     for token_id, step in zip(token_ids, logprobs, strict=True):
         top = [_entry(tokenizer, t, lp) for t, lp in _top(step, num_top)]
-        content.append(TokenLogprob(**_entry(tokenizer, token_id, step[token_id]).model_dump(), top_logprobs=top))
+        content.append(TokenLogprob(**_entry(tokenizer, token_id, step[token_id].logprob).model_dump(),
+                                    top_logprobs=top))
     return ChatLogprobs(content=content)

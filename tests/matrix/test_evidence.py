@@ -12,7 +12,7 @@ from runtime.models.llama.declaration import LlamaForCausalLM
 from runtime.models.minimax.declaration import MiniMaxForCausalLM
 
 PAGE = "docs/models/evidence.md"
-TP_NOTE = "Attention heads split across ranks; Mamba heads not yet."
+PP_NOTE = "Layers split across two stages only."
 
 
 def test_every_supported_cell_of_the_repository_is_proven():
@@ -29,8 +29,8 @@ def test_every_supported_cell_of_the_repository_is_proven():
     # A feature cell: LoRA flipped to supported with no LoRA code and no test (the example).
     (LlamaForCausalLM, dict(chunked_prefill=supported(), lora=supported()), ("LlamaForCausalLM", "LoRA"), "supported"),
     # A partial cell.
-    (BambaForCausalLM, dict(chunked_prefill=supported(), tensor_parallel=partial(TP_NOTE)),
-     ("BambaForCausalLM", "tensor parallel"), "partial"),
+    (BambaForCausalLM, dict(chunked_prefill=supported(), pipeline_parallel=partial(PP_NOTE)),
+     ("BambaForCausalLM", "pipeline parallel"), "partial"),
 ])
 def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, root, monkeypatch, model, overrides,
                                                                          cell, status):
