@@ -19,6 +19,7 @@ from runtime import kernels
 from runtime.cache.manager import CacheManager
 from runtime.cache.prefix import PrefixCache, prefix_block_size
 from runtime.config import EngineConfig
+from runtime.distributed.runner import TensorParallelRunner
 from runtime.loader import load_tokenizer
 from runtime.models.interface import Feature, Status
 from runtime.outputs import CompletionOutput, Logprob, RequestOutput
@@ -114,13 +115,19 @@ class Engine:
             self._start(config)
         except BaseException:
             kernels.restore(binding)
+            if "runner" in self.__dict__:
+                self.shutdown()
             raise
+
+    def shutdown(self) -> None:
+        """Release what the engine holds outside this process (a tensor-parallel engine's shards on the other ranks)."""
+        self.runner.shutdown()
 
     def _start(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)
-        self.runner = ModelRunner(config)
+        self.runner = ModelRunner(config) if config.tensor_parallel_size == 1 else TensorParallelRunner(config)
         self.cache = CacheManager(config.cache, self.runner.num_pages, prefix=make_prefix_cache(config))
         self.max_model_len = self._fit_max_model_len()
         limits = SchedulerLimits(config.max_num_seqs, config.derived_max_num_batched_tokens,

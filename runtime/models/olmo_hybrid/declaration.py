@@ -21,6 +21,7 @@ class OlmoHybridForCausalLM(Qwen3NextForCausalLM):
     architecture = "OlmoHybridForCausalLM"
     model_name = "OLMo-Hybrid"
     example_models = ("allenai/Olmo-Hybrid-7B",)
+    implementation = None  # no forward pass yet (see the note)
     capabilities = capabilities(planned(
         "Missing: the Gated DeltaNet kernels (chunked prefill over varlen batches, decode update; OLMo-Hybrid "
         "allows negative eigenvalues) and the forward pass."
