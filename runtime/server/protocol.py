@@ -97,6 +97,10 @@ class SamplingRequest(BaseModel):
             value = getattr(self, name)
             return value if value is not None else defaults.get(name, default)
 
+        if "max_tokens" in defaults:
+            # As vLLM's server: the model's max_new_tokens caps what a request may ask for.
+            max_tokens = defaults["max_tokens"] if max_tokens is None else min(max_tokens, defaults["max_tokens"])
+
         return SamplingParams(
             n=self.n,
             presence_penalty=self.presence_penalty or 0.0,

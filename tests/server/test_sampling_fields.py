@@ -166,3 +166,21 @@ def test_chat_n_and_penalties(client, tokenizer, hf, stream):
     params = SamplingParams(temperature=0, presence_penalty=1.0, logit_bias={9: 3.0}, repetition_penalty=1.4)
     expected = text_of(tokenizer, generate(hf, ids, params, 12))
     assert texts == {0: expected, 1: expected}
+
+
+def test_unset_fields_take_the_generation_config_defaults():
+    """The mapping `tandem serve` applies with the model's generation_config.json defaults (as vLLM's server):
+    they fill what a request leaves unset, and max_new_tokens caps max_tokens."""
+    from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    defaults = {"temperature": 0.3, "top_k": 7, "min_p": 0.05, "repetition_penalty": 1.2, "max_tokens": 10}
+    unset = CompletionRequest(model=MODEL, prompt="x").sampling_params(defaults)
+    assert (unset.temperature, unset.top_k, unset.min_p, unset.repetition_penalty, unset.max_tokens) == \
+        (0.3, 7, 0.05, 1.2, 10)
+    given = CompletionRequest(model=MODEL, prompt="x", temperature=0.9, top_k=3, max_tokens=4,
+                              repetition_penalty=1.0).sampling_params(defaults)
+    assert (given.temperature, given.top_k, given.repetition_penalty, given.max_tokens, given.min_p) == \
+        (0.9, 3, 1.0, 4, 0.05)
+    chat = ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": "x"}]).sampling_params(defaults)
+    assert (chat.temperature, chat.max_tokens) == (0.3, 10)
+    assert CompletionRequest(model=MODEL, prompt="x").sampling_params({}).temperature == 1.0
