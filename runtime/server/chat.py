@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
-from runtime.server.async_engine import RequestHandle
 from runtime.sampling_params import SamplingParams
+from runtime.server.async_engine import RequestHandle
 from runtime.server.logprobs import chat_logprobs, prompt_logprobs_json
 from runtime.server.protocol import (
     AssistantMessage,

@@ -2,13 +2,11 @@
 checked against an independent computation from HF's own logits (tests/sampling_oracle.py)."""
 
 import json
-import math
 import shutil
 
 import pytest
 import torch
-
-from sampling_oracle import hf_logits, oracle_logits, oracle_probs, steps
+from sampling_oracle import generate, hf_logits, oracle_logits, oracle_probs, steps
 
 from runtime import LLM, Logprob, SamplingParams
 
@@ -137,10 +135,14 @@ def test_prompt_logprobs_ignore_the_prefix_cache(bamba):
     assert hit.num_cached_tokens > 0
 
 
-def test_n_samples_are_the_seeded_requests_seed_plus_index(llm):
+def test_n_samples_are_the_seeded_requests_seed_plus_index(llm, bamba):
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True, logprobs=1)
     output = llm.generate([PROMPT], params, use_tqdm=False)[0]
     assert [c.index for c in output.outputs] == [0, 1, 2] and output.finished
+    # Sample i is HF's draw with seed + i (as vLLM seeds its child requests).
+    for i, completion in enumerate(output.outputs):
+        assert completion.token_ids == generate(bamba[1], output.prompt_token_ids,
+                                                SamplingParams(temperature=1.0, seed=7 + i), 6), i
     singles = llm.generate([PROMPT] * 3, [SamplingParams(temperature=1.0, seed=7 + i, max_tokens=6, ignore_eos=True)
                                           for i in range(3)], use_tqdm=False)
     assert [c.token_ids for c in output.outputs] == [s.outputs[0].token_ids for s in singles]

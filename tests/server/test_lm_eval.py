@@ -20,7 +20,8 @@ from server_helpers import MAX_MODEL_LEN, MODEL
 from runtime import SamplingParams
 
 MC = [
-    {"question": "The page pool holds", "choices": ["attention blocks", "the lazy dog", "numbers like 42"], "answer": 0},
+    {"question": "The page pool holds", "choices": ["attention blocks", "the lazy dog", "numbers like 42"],
+     "answer": 0},
     {"question": "A hybrid model mixes attention layers", "choices": ["with state-space layers", "again and again"],
      "answer": 0},
     {"question": "The scheduler batches", "choices": ["prefills and decodes", "Mamba states", "the cache layout",

@@ -126,7 +126,8 @@ SERVED = [
     (dict(logit_bias={"7": 8.0, "11": -100}), {}),
     ({}, dict(repetition_penalty=1.6)),
     ({}, dict(allowed_token_ids=list(range(40, 90)))),
-    (dict(presence_penalty=0.8, logit_bias={"42": 2.5}), dict(repetition_penalty=1.2, allowed_token_ids=list(range(20, 200)))),
+    (dict(presence_penalty=0.8, logit_bias={"42": 2.5}),
+     dict(repetition_penalty=1.2, allowed_token_ids=list(range(20, 200)))),
 ]
 
 
