@@ -101,14 +101,45 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+@contextlib.contextmanager
+def parameters_on_meta(enabled: bool) -> Iterator[None]:
+    """Every nn.Parameter registered inside the block lives on the meta device; buffers stay real."""
+    if not enabled:
+        yield
+        return
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def allocate_parameters(model: torch.nn.Module, device: torch.device) -> None:
+    """Real (uninitialised) memory for every meta parameter; the checkpoint fills it."""
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.is_meta:
+                module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device=device),
+                                                              requires_grad=param.requires_grad)
+
+
 def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    with default_dtype(DTYPES[config.model_dtype]), device:
-        model = cls(config.dims)
-    # With tensor parallelism, this rank's parameters are narrowed before any weight is read.
     tp = config.tensor_parallel_size
+    # With tensor parallelism, parameters are built on the meta device (no memory), narrowed to this
+    # rank's shard, and only then allocated: a rank never holds more than its part of the weights.
+    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1):
+        model = cls(config.dims)
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
+    allocate_parameters(model, device)
     model.tie_weights()
     load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp)
     return model.eval()

@@ -27,15 +27,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from runtime.distributed.env import under_torchrun
+
 logger = logging.getLogger("tandem")
 
 START_TIMEOUT = timedelta(seconds=300)
 STOP_TIMEOUT = 10.0  # seconds workers get to leave on their own before they are terminated
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ
-                                                    and "MASTER_ADDR" in os.environ)
 
 
 def backend_for(device: str) -> str:
@@ -132,15 +129,24 @@ def shutdown() -> None:
 def _spawn(world_size: int, backend: str) -> Group:
     from runtime.distributed.worker import worker_main
 
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"tensor_parallel_size={world_size} needs {world_size} GPUs (one per rank) but this machine has "
+            f"{torch.cuda.device_count()}; use at most {torch.cuda.device_count()}, run under torchrun across "
+            "machines, or pass --device cpu"
+        )
+
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     context = mp.get_context("spawn")
     processes = []
-    for rank in range(1, world_size):
-        process = context.Process(target=worker_main, args=(rank, world_size, backend, init_method, os.getpid()),
-                                  name=f"tandem-tp-rank{rank}", daemon=True)
-        process.start()
-        processes.append(process)
     try:
+        for rank in range(1, world_size):
+            ready, ready_in_worker = context.Pipe(duplex=False)
+            process = context.Process(target=worker_main, name=f"tandem-tp-rank{rank}", daemon=True,
+                                      args=(rank, world_size, backend, init_method, os.getpid(), ready_in_worker))
+            process.start()
+            processes.append(process)
+            _wait_started(process, rank, ready)
         dist.init_process_group(backend, init_method=init_method, rank=0, world_size=world_size,
                                 timeout=START_TIMEOUT)
     except BaseException:
@@ -150,6 +156,18 @@ def _spawn(world_size: int, backend: str) -> Group:
     logger.info("tensor parallel: %d ranks over %s (workers %s)", world_size, backend,
                 ", ".join(str(p.pid) for p in processes))
     return Group(world_size, backend, processes)
+
+
+def _wait_started(process: Any, rank: int, ready: Any) -> None:
+    """Wait until the worker runs our code; one that dies first (a script without a main guard) is named."""
+    while not ready.poll(0.1):
+        if not process.is_alive():
+            raise ValueError(
+                f"tensor-parallel worker rank {rank} exited with code {process.exitcode} before it started; "
+                "workers are started with multiprocessing's spawn, which imports the main module again: "
+                "guard a script's entry point with `if __name__ == '__main__':`"
+            )
+    ready.close()
 
 
 def _join(world_size: int, backend: str) -> Group:
@@ -170,10 +188,6 @@ def _join(world_size: int, backend: str) -> Group:
         dist.destroy_process_group()
         sys.exit(0)
     return group
-
-
-def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) if under_torchrun() else 0
 
 
 def watch_parent(parent_pid: int) -> None:

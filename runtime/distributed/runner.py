@@ -16,7 +16,8 @@ import torch
 
 from runtime.cache.pool import allocate_pool, bind_pool
 from runtime.config import EngineConfig
-from runtime.distributed.group import Group, backend_for, current, ensure_group, local_rank
+from runtime.distributed.env import local_rank
+from runtime.distributed.group import Group, backend_for, current, ensure_group
 from runtime.distributed.sharding import check_sharding
 from runtime.dtypes import DTYPES
 from runtime.loader import default_dtype
@@ -62,6 +63,13 @@ def check_tensor_parallel(config: EngineConfig) -> None:
     with default_dtype(DTYPES[config.model_dtype]), torch.device("meta"):
         model = cls(config.dims)
     check_sharding(model, config.tensor_parallel_size)
+
+
+def serve_torchrun_rank(config: EngineConfig) -> int:
+    """A rank other than 0 of a command under torchrun: execute rank 0's steps until it stops (then exit)."""
+    check_tensor_parallel(config)
+    ensure_group(config.tensor_parallel_size, config.device)
+    raise AssertionError("only rank 0 of a torchrun group leads it")
 
 
 class TensorParallelRunner:

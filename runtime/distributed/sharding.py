@@ -31,10 +31,7 @@ from runtime.layers.parallel import (
     VocabParallelEmbedding,
     reduce_output,
 )
-
-
-def divisors(value: int) -> str:
-    return ", ".join(str(d) for d in range(1, value + 1) if value % d == 0)
+from runtime.models.shapes import divisors
 
 
 class Sharder:

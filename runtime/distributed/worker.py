@@ -14,9 +14,11 @@ from runtime.distributed.group import START_TIMEOUT, Group, watch_parent
 logger = logging.getLogger("tandem")
 
 
-def worker_main(rank: int, world_size: int, backend: str, init_method: str, parent_pid: int) -> None:
+def worker_main(rank: int, world_size: int, backend: str, init_method: str, parent_pid: int, ready: Any) -> None:
     """A spawned worker: join the group, serve rank 0 until it says stop (or goes away)."""
     watch_parent(parent_pid)
+    ready.send(True)
+    ready.close()
     # Ctrl-C in a terminal reaches every process of the group: rank 0 alone decides how the workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if backend == "nccl":
