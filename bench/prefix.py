@@ -64,7 +64,7 @@ def random_ids(generator, n: int) -> list[int]:
 def make_engine(directory: Path, mode: str, args: argparse.Namespace):
     from runtime import LLM
 
-    llm = LLM(directory, dtype="float32", max_num_seqs=args.requests,
+    llm = LLM(directory, dtype="float32", max_num_seqs=args.requests, threads=args.threads,
               max_model_len=args.prefix_len + args.suffix_len + args.output_len + 16, **MODES[mode])
     if mode == "on, every block":
         llm.engine.cache.prefix.every_block = True  # the alternative policy, measured only here

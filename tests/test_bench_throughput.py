@@ -1,4 +1,7 @@
-"""The throughput benchmarks run end to end (at toy sizes here; the real sizes are for bench runs)."""
+"""The throughput benchmarks run end to end (at toy sizes here; the real sizes are for bench runs).
+
+vLLM is not installed here: its column is exercised through the table and environment helpers only.
+"""
 
 import json
 import subprocess
@@ -6,6 +9,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import throughput  # noqa: E402
 
 
 def test_throughput_child_measures_tandem(tmp_path):
@@ -16,9 +22,38 @@ def test_throughput_child_measures_tandem(tmp_path):
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert set(result) == {"total_s", "ttft_s", "itl_s", "generated_tokens", "peak_rss_mib"}
+    assert set(result) == {"total_s", "prefill_s", "step_s", "generated_tokens", "peak_rss_mib"}
     # It measured the workload it was asked for: 2 prompts x 3 tokens, EOS ignored.
     assert result["generated_tokens"] == 2 * 3
-    assert 0 < result["ttft_s"] <= result["total_s"] and result["itl_s"] >= 0
+    assert 0 < result["prefill_s"] and 0 < result["total_s"] and result["step_s"] >= 0
     # ru_maxrss is in KiB on Linux: a process that imported torch holds well over 100 MiB, and under 64 GiB.
     assert 100 < result["peak_rss_mib"] < 64 * 1024
+
+
+def figures(total_s):
+    return {"total_s": total_s, "prefill_s": 1.0, "step_s": 0.05, "generated_tokens": 64, "peak_rss_mib": 900.0}
+
+
+def test_table_compares_tandem_with_each_engine_that_ran():
+    with_vllm = {"hf": figures(4.0), "tandem": figures(1.0), "vllm": figures(1.5)}
+    row = throughput.table_row("short", "hybrid", "bfloat16", "tandem", with_vllm, 64)
+    assert row.endswith("| 4.00x | 1.50x |")
+    assert "| 64.0 | 1.00 | 50.0 | 900 |" in row  # gen tok/s, prefill s, decode step ms, peak MiB
+    # Without vLLM its ratio cell stays empty, and only Tandem's row carries ratios.
+    without = throughput.table_row("short", "hybrid", "bfloat16", "tandem", {"hf": figures(4.0),
+                                                                             "tandem": figures(1.0)}, 64)
+    assert without.endswith("| 4.00x |  |")
+    assert throughput.table_row("short", "hybrid", "bfloat16", "hf", with_vllm, 64).endswith("|  |  |")
+
+
+def test_vllm_runs_with_its_advised_cpu_settings(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "lib" / "libiomp5.so").write_bytes(b"")
+    args = throughput.argparse.Namespace(vllm_python=venv / "bin" / "python", vllm_preload=None, threads=2)
+    env = throughput.vllm_environment(args)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["LD_PRELOAD"].split(":")[-1] == str(venv / "lib" / "libiomp5.so")
+    assert "PYTHONPATH" not in env  # vLLM imports nothing of ours
+    args.vllm_preload = "/x/libtcmalloc_minimal.so.4"
+    assert throughput.vllm_environment(args)["LD_PRELOAD"] == "/x/libtcmalloc_minimal.so.4"

@@ -238,6 +238,11 @@ DELTANET_CONFIGS = {
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
         COMMON, **dict(ATTENTION, head_dim=16), **GATED_DELTANET, num_hidden_layers=4, num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)),
+    # Separate projections and convs, an output gate, doubled beta (negative eigenvalues), OLMo-3 attention
+    # with whole-projection q/k norms; attention in layers 1 and 3.
+    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
+        COMMON, **ATTENTION, **GATED_DELTANET, num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])),
 }
 
 

@@ -3,10 +3,11 @@
 Per sequence, value head h (query/key head h // (Hv/Hk)), token t, with a recurrent state S (Dk, Dv):
 
     q_t = l2norm(q_t) / sqrt(Dk),  k_t = l2norm(k_t)        (eps 1e-6 under the root, as HF and FLA)
-    g_t = -exp(A_log) * softplus(a_t + dt_bias),  beta_t = sigmoid(b_t)
+    g_t = -exp(A_log) * softplus(a_t + dt_bias),  beta_t = beta_scale * sigmoid(b_t)
     S   = exp(g_t) * S;  S = S + k_t (beta_t * (v_t - S^T k_t))^T;  o_t = S^T q_t
 
-which is HF's `torch_recurrent_gated_delta_rule`. Layouts: q, k (T, Hk, Dk); v (T, Hv, Dv); a, b
+which is HF's `torch_recurrent_gated_delta_rule` (beta_scale is 2 for OLMo-Hybrid's negative eigenvalues,
+else 1). Layouts: q, k (T, Hk, Dk); v (T, Hv, Dv); a, b
 (T, Hv); A_log, dt_bias (Hv,); states (num_slots, Hv, Dk, Dv), a strided page-pool view, one slot
 per sequence (state_indices, -1 = padding: no read, no write). The prefill reference computes
 HF's chunked form (`torch_chunk_gated_delta_rule`: a UT transform per chunk, then a scan over
@@ -15,9 +16,15 @@ from its slot's state when meta.has_initial_state says it resumes (chunked prefi
 prefix), else from zeros, and its final state is written back. Math is float32; outputs are in
 v's dtype, states are stored in their own dtype.
 
-The Triton kernel runs one program per (sequence, value head, block of Dv) and steps through the
-sequence's tokens with the state tile in registers (FLA's fused recurrent form); prefill and
-decode share it.
+The Triton prefill kernel runs one program per (sequence, value head, block of Dv) and walks the
+sequence in chunks of GDN_BLOCK_T tokens with the state tile in registers: per chunk, the UT
+transform (I + strictly-lower(diag(beta) K K^T * decay))^-1 by forward substitution, then the
+chunk's outputs and the next state as matrix products, HF's chunked form. Its chunks need not be
+the metadata's (any chunking gives the same result): a chunk never crosses a sequence's end. Its
+matrix products take half-precision operands on a GPU for half-precision activations (tensor cores,
+float32 accumulation, as FLA's kernels do) and float32 otherwise. The decode kernel steps one token
+with the same tile (FLA's fused recurrent form). Neither kernel was timed on a GPU yet: only
+compiled for sm_90 (bench/kernels.py --compile-only) and run under the interpreter.
 """
 
 from __future__ import annotations
@@ -28,13 +35,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from runtime.kernels._triton_utils import softplus
+from runtime.kernels._triton_utils import dot_dtype, softplus
 from runtime.kernels.common import gather_initial_states, scatter_states
 from runtime.kernels.metadata import MambaPrefillMetadata
 
 L2NORM_EPS = 1e-6
 # Value channels per program: the state tile is (Dk, GDN_BLOCK_V) float32 in registers.
 GDN_BLOCK_V = 32
+# Tokens per chunk of the prefill kernel: tl.dot needs 16 rows on a GPU, and at Qwen3-Next's sizes (Dk = 128)
+# 16 rows over 8 warps compile for sm_90 without spilling registers (bench/kernels.py --compile-only; 32 spill).
+GDN_BLOCK_T = 16
 
 
 def gated_delta_rule_fn_ref(
@@ -48,6 +58,7 @@ def gated_delta_rule_fn_ref(
     states: Tensor,
     state_indices: Tensor,
     meta: MambaPrefillMetadata,
+    beta_scale: float = 1.0,
 ) -> Tensor:
     """Prefill: the gated delta rule over every sequence of a packed batch, carrying states in and out.
 
@@ -57,7 +68,7 @@ def gated_delta_rule_fn_ref(
     _check_args(q, k, v, a, b, A_log, dt_bias, states)
     assert state_indices.shape == (meta.num_sequences,)
     assert q.shape[0] == int(meta.query_start_loc[-1])
-    qf, kf, vf, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias)
+    qf, kf, vf, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias, beta_scale)
     num_heads, dk, dv = states.shape[1:]
 
     # Gather every logical chunk into (C, Q) token rows; the rows past a short chunk's end are padding
@@ -123,6 +134,7 @@ def gated_delta_rule_update_ref(
     dt_bias: Tensor,
     states: Tensor,
     state_indices: Tensor,
+    beta_scale: float = 1.0,
 ) -> Tensor:
     """Decode: one token per sequence (T = S). state_indices (S,), -1 = padding (skipped: no read, no
     write, output zero). Updates states in place; returns (S, Hv, Dv) in v's dtype."""
@@ -130,7 +142,7 @@ def gated_delta_rule_update_ref(
     assert state_indices.shape == q.shape[:1]
     keep = state_indices >= 0
     slots = state_indices[keep]
-    qf, kf, vf, g, beta = _prepare(q[keep], k[keep], v[keep], a[keep], b[keep], A_log, dt_bias)
+    qf, kf, vf, g, beta = _prepare(q[keep], k[keep], v[keep], a[keep], b[keep], A_log, dt_bias, beta_scale)
     state = states[slots].float() * g.exp()[..., None, None]  # (S', H, Dk, Dv)
     kv_mem = (state * kf[..., None]).sum(dim=-2)
     delta = (vf - kv_mem) * beta[..., None]
@@ -141,13 +153,13 @@ def gated_delta_rule_update_ref(
     return out
 
 
-def _prepare(q, k, v, a, b, A_log, dt_bias) -> tuple[Tensor, ...]:
+def _prepare(q, k, v, a, b, A_log, dt_bias, beta_scale: float) -> tuple[Tensor, ...]:
     """float32 q (scaled), k (both l2-normed and repeated to the value heads), v, g and beta."""
     repeat = v.shape[1] // q.shape[1]
     qf = _l2norm(q.float()).repeat_interleave(repeat, dim=1) * q.shape[-1] ** -0.5
     kf = _l2norm(k.float()).repeat_interleave(repeat, dim=1)
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return qf, kf, v.float(), g, torch.sigmoid(b.float())
+    return qf, kf, v.float(), g, beta_scale * torch.sigmoid(b.float())
 
 
 def _l2norm(x: Tensor) -> Tensor:
@@ -175,13 +187,22 @@ def gated_delta_rule_fn_triton(
     states: Tensor,
     state_indices: Tensor,
     meta: MambaPrefillMetadata,
+    beta_scale: float = 1.0,
 ) -> Tensor:
     """gated_delta_rule_fn_ref as one Triton kernel (same shapes): a program per (sequence, value head,
-    Dv block) steps through the sequence's tokens."""
+    Dv block) walks the sequence chunk by chunk."""
     _check_args(q, k, v, a, b, A_log, dt_bias, states)
     assert state_indices.shape == (meta.num_sequences,)
-    return _launch(q, k, v, a, b, A_log, dt_bias, states, state_indices, meta.query_start_loc,
-                   meta.has_initial_state, meta.num_sequences, decode=False)
+    num_heads, dk, dv = states.shape[1:]
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    block_k, block_v = max(16, triton.next_power_of_2(dk)), max(16, min(GDN_BLOCK_V, triton.next_power_of_2(dv)))
+    _chunked_delta_rule_kernel[(meta.num_sequences, num_heads, triton.cdiv(dv, block_v))](
+        q, k, v, a, b, A_log, dt_bias, states, state_indices, meta.query_start_loc, meta.has_initial_state, out,
+        dk, dv, *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *states.stride(), *out.stride(),
+        q.shape[-1] ** -0.5, float(beta_scale), HEADS_PER_K=num_heads // q.shape[1], BLOCK_T=GDN_BLOCK_T,
+        BLOCK_K=block_k, BLOCK_V=block_v, DOT_DTYPE=dot_dtype(v.dtype), num_warps=8,
+    )  # fmt: skip
+    return out
 
 
 def gated_delta_rule_update_triton(
@@ -194,79 +215,137 @@ def gated_delta_rule_update_triton(
     dt_bias: Tensor,
     states: Tensor,
     state_indices: Tensor,
+    beta_scale: float = 1.0,
 ) -> Tensor:
-    """gated_delta_rule_update_ref on the same kernel (same shapes): one token per sequence."""
+    """gated_delta_rule_update_ref as one Triton kernel (same shapes): a program per (sequence, value head,
+    Dv block) updates its state tile by one token."""
     _check_args(q, k, v, a, b, A_log, dt_bias, states)
     assert state_indices.shape == q.shape[:1]
-    # The kernel reads neither in decode mode: each sequence is its own token and resumes its state.
-    return _launch(q, k, v, a, b, A_log, dt_bias, states, state_indices, state_indices, state_indices,
-                   q.shape[0], decode=True)
-
-
-def _launch(q, k, v, a, b, A_log, dt_bias, states, state_indices, query_start_loc, has_initial_state,
-            num_seqs, decode: bool) -> Tensor:
     num_heads, dk, dv = states.shape[1:]
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     block_v = min(GDN_BLOCK_V, triton.next_power_of_2(dv))
     # A (128, 32) float32 state tile over 4 warps spills registers on sm_90 (bench/kernels.py --compile-only);
     # over 8 it does not.
     warps = 8 if triton.next_power_of_2(dk) * block_v >= 4096 else 4
-    _gated_delta_rule_kernel[(num_seqs, num_heads, triton.cdiv(dv, block_v))](
-        q, k, v, a, b, A_log, dt_bias, states, state_indices, query_start_loc, has_initial_state, out,
-        dk, dv, *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *states.stride(), *out.stride(),
-        q.shape[-1] ** -0.5, HEADS_PER_K=num_heads // q.shape[1], DECODE=decode,
-        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, num_warps=warps,
+    _delta_rule_update_kernel[(q.shape[0], num_heads, triton.cdiv(dv, block_v))](
+        q, k, v, a, b, A_log, dt_bias, states, state_indices, out, dk, dv, *q.stride(), *k.stride(), *v.stride(),
+        *a.stride(), *b.stride(), *states.stride(), *out.stride(), q.shape[-1] ** -0.5, float(beta_scale),
+        HEADS_PER_K=num_heads // q.shape[1], BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return out
 
 
 @triton.jit
-def _gated_delta_rule_kernel(
-    q, k, v, a, b, A_log, dt_bias, states, state_indices, query_start_loc, has_initial_state, out, dk, dv,
+def _delta_rule_update_kernel(
+    q, k, v, a, b, A_log, dt_bias, states, state_indices, out, dk, dv,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_at, stride_ah, stride_bt, stride_bh, stride_ss, stride_sh, stride_sk, stride_sv,
-    stride_ot, stride_oh, stride_od, scale,
-    HEADS_PER_K: tl.constexpr, DECODE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    stride_ot, stride_oh, stride_od, scale, beta_scale,
+    HEADS_PER_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     seq, head, v_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k_head = head // HEADS_PER_K
     slot = tl.load(state_indices + seq).to(tl.int64)
-    if DECODE:
-        start = seq.to(tl.int64)
-        num_tokens = 1
-        resume = slot >= 0
-    else:
-        start = tl.load(query_start_loc + seq).to(tl.int64)
-        num_tokens = tl.load(query_start_loc + seq + 1) - tl.load(query_start_loc + seq)
-        resume = (tl.load(has_initial_state + seq) != 0) & (slot >= 0)
     dk_range = tl.arange(0, BLOCK_K)
     dv_range = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
     k_ok, v_ok = dk_range < dk, dv_range < dv
-    tile_ok = k_ok[:, None] & v_ok[None, :]
+    out_ptrs = out + seq * stride_ot + head * stride_oh + dv_range * stride_od
+    if slot < 0:  # padding: no state read or write, output zero
+        tl.store(out_ptrs, tl.zeros([BLOCK_V], tl.float32), mask=v_ok)
+        return
+    state_ptrs = (states + slot * stride_ss + head * stride_sh + dk_range[:, None] * stride_sk
+                  + dv_range[None, :] * stride_sv)
+    state = tl.load(state_ptrs, mask=k_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
+    qv = tl.load(q + seq * stride_qt + k_head * stride_qh + dk_range * stride_qd, mask=k_ok, other=0.0)
+    kv = tl.load(k + seq * stride_kt + k_head * stride_kh + dk_range * stride_kd, mask=k_ok, other=0.0)
+    vv = tl.load(v + seq * stride_vt + head * stride_vh + dv_range * stride_vd, mask=v_ok, other=0.0)
+    qv, kv, vv = qv.to(tl.float32), kv.to(tl.float32), vv.to(tl.float32)
+    qv = qv / tl.sqrt(tl.sum(qv * qv, axis=0) + 1e-6) * scale
+    kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + 1e-6)
+    a_t = tl.load(a + seq * stride_at + head * stride_ah).to(tl.float32)
+    b_t = tl.load(b + seq * stride_bt + head * stride_bh).to(tl.float32)
+    decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
+    state = state * tl.exp(decay_rate * softplus(a_t + tl.load(dt_bias + head).to(tl.float32)))
+    delta = (vv - tl.sum(state * kv[:, None], axis=0)) * (beta_scale * tl.sigmoid(b_t))
+    state = state + kv[:, None] * delta[None, :]
+    tl.store(out_ptrs, tl.sum(state * qv[:, None], axis=0), mask=v_ok)
+    tl.store(state_ptrs, state, mask=k_ok[:, None] & v_ok[None, :])
+
+
+@triton.jit
+def _chunked_delta_rule_kernel(
+    q, k, v, a, b, A_log, dt_bias, states, state_indices, query_start_loc, has_initial_state, out, dk, dv,
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_at, stride_ah, stride_bt, stride_bh, stride_ss, stride_sh, stride_sk, stride_sv,
+    stride_ot, stride_oh, stride_od, scale, beta_scale,
+    HEADS_PER_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):  # fmt: skip
+    seq, head, v_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    k_head = head // HEADS_PER_K
+    slot = tl.load(state_indices + seq).to(tl.int64)
+    seq_start = tl.load(query_start_loc + seq).to(tl.int64)
+    seq_len = tl.load(query_start_loc + seq + 1) - tl.load(query_start_loc + seq)
+    resume = (tl.load(has_initial_state + seq) != 0) & (slot >= 0)
+    rows = tl.arange(0, BLOCK_T)
+    dk_range = tl.arange(0, BLOCK_K)
+    dv_range = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_ok, v_ok = dk_range < dk, dv_range < dv
     state_ptrs = (states + slot * stride_ss + head * stride_sh + dk_range[:, None] * stride_sk
                   + dv_range[None, :] * stride_sv)
     # A fresh or padded sequence starts from zeros, never from its slot's (possibly stale or NaN) bytes.
     state = tl.zeros([BLOCK_K, BLOCK_V], tl.float32)
     if resume:
-        state = tl.load(state_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+        state = tl.load(state_ptrs, mask=k_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
     decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
     bias = tl.load(dt_bias + head).to(tl.float32)
-    for i in range(0, num_tokens):
-        t64 = start + i  # int64 offsets: a long packed batch times a wide row overflows int32
-        qv = tl.load(q + t64 * stride_qt + k_head * stride_qh + dk_range * stride_qd, mask=k_ok, other=0.0)
-        kv = tl.load(k + t64 * stride_kt + k_head * stride_kh + dk_range * stride_kd, mask=k_ok, other=0.0)
-        vv = tl.load(v + t64 * stride_vt + head * stride_vh + dv_range * stride_vd, mask=v_ok, other=0.0)
-        qv, kv, vv = qv.to(tl.float32), kv.to(tl.float32), vv.to(tl.float32)
-        qv = qv / tl.sqrt(tl.sum(qv * qv, axis=0) + 1e-6) * scale
-        kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + 1e-6)
-        a_t = tl.load(a + t64 * stride_at + head * stride_ah).to(tl.float32)
-        b_t = tl.load(b + t64 * stride_bt + head * stride_bh).to(tl.float32)
-        state = state * tl.exp(decay_rate * softplus(a_t + bias))
-        delta = (vv - tl.sum(state * kv[:, None], axis=0)) * tl.sigmoid(b_t)
-        state = state + kv[:, None] * delta[None, :]
-        o = tl.sum(state * qv[:, None], axis=0)
-        if DECODE and slot < 0:  # padding: output zero
-            o = tl.zeros([BLOCK_V], tl.float32)
-        tl.store(out + t64 * stride_ot + head * stride_oh + dv_range * stride_od, o, mask=v_ok)
+    lower = rows[:, None] > rows[None, :]  # strictly: j < i
+    causal = rows[:, None] >= rows[None, :]
+    for first in range(0, seq_len, BLOCK_T):
+        # Rows past the sequence's end are padding: q = k = v = 0, g = 0 (a decay of 1), beta = 0. The tiles
+        # are loaded where they are first used, to keep few of them live at once.
+        t = seq_start + first + rows
+        t_ok = first + rows < seq_len
+        kc = tl.load(k + t[:, None] * stride_kt + k_head * stride_kh + dk_range[None, :] * stride_kd,
+                     mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        kc = kc / tl.sqrt(tl.sum(kc * kc, axis=1) + 1e-6)[:, None]
+        a_c = tl.load(a + t * stride_at + head * stride_ah, mask=t_ok, other=0.0).to(tl.float32)
+        b_c = tl.load(b + t * stride_bt + head * stride_bh, mask=t_ok, other=0.0).to(tl.float32)
+        g_cum = tl.cumsum(tl.where(t_ok, decay_rate * softplus(a_c + bias), 0.0), axis=0)
+        g_last = tl.max(tl.where(rows == BLOCK_T - 1, g_cum, float("-inf")), axis=0)
+        beta = tl.where(t_ok, beta_scale * tl.sigmoid(b_c), 0.0)
+        # decay[i, j] = exp(g_cum_i - g_cum_j) for j <= i (<= 1: g <= 0), masked before exp so it cannot overflow.
+        decay = tl.exp(tl.where(causal, g_cum[:, None] - g_cum[None, :], float("-inf")))
+        kk = _dot(kc, tl.trans(kc), DOT_DTYPE)
+        a_mat = tl.where(lower, kk * decay * beta[:, None], 0.0)
+        # inverse = (I + a_mat)^-1, row by row: row i = e_i - a_mat[i, :i] @ inverse[:i].
+        inverse = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+        for i in range(1, BLOCK_T):
+            a_row = tl.sum(tl.where(rows[:, None] == i, a_mat, 0.0), axis=0)
+            new_row = tl.where(rows == i, 1.0, 0.0) - tl.sum(a_row[:, None] * inverse, axis=0)
+            inverse = tl.where(rows[:, None] == i, new_row[None, :], inverse)
+        # v_new = inverse @ (beta v) - inverse @ (beta exp(g_cum) k) @ S: the chunk's corrections to what S predicts.
+        w = _dot(inverse * (beta * tl.exp(g_cum))[None, :], kc, DOT_DTYPE)
+        v_new = -_dot(w, state, DOT_DTYPE)
+        vc = tl.load(v + t[:, None] * stride_vt + head * stride_vh + dv_range[None, :] * stride_vd,
+                     mask=t_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
+        v_new += _dot(inverse * beta[None, :], vc, DOT_DTYPE)
+        qc = tl.load(q + t[:, None] * stride_qt + k_head * stride_qh + dk_range[None, :] * stride_qd,
+                     mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        qc = qc / tl.sqrt(tl.sum(qc * qc, axis=1) + 1e-6)[:, None] * scale
+        attn = tl.where(causal, _dot(qc, tl.trans(kc), DOT_DTYPE) * decay, 0.0)
+        o = _dot(qc * tl.exp(g_cum)[:, None], state, DOT_DTYPE)
+        o += _dot(attn, v_new, DOT_DTYPE)
+        tl.store(out + t[:, None] * stride_ot + head * stride_oh + dv_range[None, :] * stride_od, o,
+                 mask=t_ok[:, None] & v_ok[None, :])
+        k_decayed = kc * tl.exp(g_last - g_cum)[:, None]
+        state = state * tl.exp(g_last) + _dot(tl.trans(k_decayed), v_new, DOT_DTYPE)
     if slot >= 0:
-        tl.store(state_ptrs, state, mask=tile_ok)
+        tl.store(state_ptrs, state, mask=k_ok[:, None] & v_ok[None, :])
+
+
+@triton.jit
+def _dot(x, y, DOT_DTYPE: tl.constexpr):
+    """x @ y with float32 accumulation: inputs in DOT_DTYPE (the activations' half type on a GPU, tensor cores;
+    float32 under the interpreter and for float32 models, never TF32)."""
+    return tl.dot(x.to(DOT_DTYPE), y.to(DOT_DTYPE), input_precision="ieee")

@@ -1,9 +1,10 @@
 """Causal attention of packed new tokens over a paged KV cache (decode and prefill over a cached prefix).
 
-The reference gathers each sequence's pages and calls torch's scaled_dot_product_attention in
-float32. Decodes (one new token) are batched, padded to the longest in their group, in groups
-whose gathered keys stay under DECODE_GATHER_ELEMENTS; prefill chunks are done one sequence at
-a time, which bounds memory by the largest sequence.
+The reference gathers each sequence's keys and calls torch's scaled_dot_product_attention: in
+float32 for prefill chunks, in bfloat16 for decodes from a bfloat16 cache (torch accumulates in float32).
+Decodes (one new token) are batched, padded to the longest in their group, in groups whose
+gathered keys stay under DECODE_GATHER_ELEMENTS; prefill chunks are done one sequence at a
+time, which bounds memory by the largest sequence.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def paged_attention_ref(
     seq_lens = meta.seq_lens.tolist()
     query_lens = [end - start for start, end in zip(starts, starts[1:])]
     decodes = [s for s, n in enumerate(query_lens) if n == 1]
-    for group in _decode_groups(decodes, seq_lens, k_cache.shape[1], k_cache.shape[2] * head_dim):
+    for group in _decode_groups(decodes, seq_lens, k_cache.shape[2] * head_dim):
         _decode_attention(q, k_cache, v_cache, block_table, meta, scale, out, group)
     for s, num_new in enumerate(query_lens):
         if num_new > 1:
@@ -104,16 +105,16 @@ def _check_args(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor
     assert out.shape == q.shape and block_table.shape[0] == meta.num_sequences
 
 
-def _decode_groups(decodes: list[int], seq_lens: list[int], block_size: int, per_token: int) -> list[list[int]]:
+def _decode_groups(decodes: list[int], seq_lens: list[int], per_token: int) -> list[list[int]]:
     """Runs of consecutive decodes whose K gather, padded to the run's longest sequence, fits in
     DECODE_GATHER_ELEMENTS (a run always holds at least one decode)."""
     groups: list[list[int]] = []
     longest = 0
     for s in decodes:
-        padded = -(-max(longest, seq_lens[s]) // block_size) * block_size
+        padded = max(longest, seq_lens[s])
         if groups and (len(groups[-1]) + 1) * padded * per_token <= DECODE_GATHER_ELEMENTS:
             groups[-1].append(s)
-            longest = max(longest, seq_lens[s])
+            longest = padded
         else:
             groups.append([s])
             longest = seq_lens[s]
@@ -124,6 +125,21 @@ def _gather_pages(cache: Tensor, pages: Tensor) -> Tensor:
     """(..., num_blocks) page ids -> (..., num_blocks * block_size, Hkv, D) float32 tokens."""
     tokens = cache[pages]
     return tokens.flatten(-4, -3).float()
+
+
+def _gather_tokens(cache: Tensor, pages: Tensor, offsets: Tensor) -> Tensor:
+    """cache[pages, offsets]: (..., Hkv, D) for page ids and in-page offsets of the same shape (...).
+
+    When the pool's page stride is a whole number of tokens, the pages are one strided row of
+    token slots and index_select gathers them, several times faster than two-tensor indexing.
+    """
+    per_token = cache.stride(1)
+    if cache.stride(0) % per_token or not cache[0].is_contiguous():
+        return cache[pages, offsets]
+    tokens_per_page = cache.stride(0) // per_token
+    num_slots = (cache.shape[0] - 1) * tokens_per_page + cache.shape[1]
+    slots = cache.as_strided((num_slots, *cache.shape[2:]), (per_token, *cache.stride()[2:]))
+    return slots.index_select(0, (pages * tokens_per_page + offsets).flatten()).view(*pages.shape, *cache.shape[2:])
 
 
 def _sequence_attention(
@@ -156,21 +172,30 @@ def _decode_attention(
     out: Tensor,
     decodes: list[int],
 ) -> None:
-    """All one-token sequences at once, padded to the longest; the new token attends every cached key."""
+    """All one-token sequences at once, padded to the longest; the new token attends every cached key.
+
+    Gathers token by token up to the longest context only, not whole pages: pages are sized to a
+    Mamba state and can hold several times the tokens a sequence has.
+    """
     seqs = torch.tensor(decodes, device=q.device)
     tokens = meta.query_start_loc[seqs].long()
     seq_lens = meta.seq_lens[seqs].long()
-    max_len = int(seq_lens.max())
-    num_blocks = -(-max_len // k_cache.shape[1])
-    # Entries past a sequence's last block may be unset (-1); they are masked below.
-    pages = block_table[seqs, :num_blocks].long().clamp(min=0)
-    valid = torch.arange(num_blocks * k_cache.shape[1], device=q.device) < seq_lens[:, None]
-    # Slots past a sequence's end hold stale or never-written bytes, possibly NaN; masking scores alone
-    # would still give 0 * NaN = NaN in probs @ v, so zero them.
-    k = _gather_pages(k_cache, pages).masked_fill_(~valid[:, :, None, None], 0.0)
-    v = _gather_pages(v_cache, pages).masked_fill_(~valid[:, :, None, None], 0.0)
+    positions = torch.arange(int(seq_lens.max()), device=q.device)
+    valid = positions < seq_lens[:, None]  # (S, L)
+    # A position past a sequence's end reads that sequence's last key instead, so the gather only
+    # touches written (finite) slots of pages it owns; the mask then leaves it out of the softmax.
+    positions = torch.minimum(positions, seq_lens[:, None] - 1)
+    block_size = k_cache.shape[1]
+    pages = block_table[seqs].long().gather(1, positions // block_size)
+    offsets = positions % block_size
+    # bfloat16 stays bfloat16: torch's attention accumulates in float32 itself, and converting the
+    # gathered keys and values first took longer than the attention. float16 is widened: torch rounds
+    # its probabilities to float16, which is further from the Triton kernel than its tests allow.
+    compute = torch.bfloat16 if k_cache.dtype == torch.bfloat16 else torch.float32
+    k = _gather_tokens(k_cache, pages, offsets).to(compute)  # (S, L, Hkv, D)
+    v = _gather_tokens(v_cache, pages, offsets).to(compute)
     o = F.scaled_dot_product_attention(
-        q[tokens].float()[:, :, None],
+        q[tokens][:, :, None].to(compute),
         k.transpose(1, 2),
         v.transpose(1, 2),
         attn_mask=valid[:, None, None, :],

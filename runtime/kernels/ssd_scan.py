@@ -58,10 +58,16 @@ def ssd_scan_ref(
     num_heads = x.shape[1]
     chunks = _ChunkedInputs.gather(x, time_step(dt, dt_bias, dt_limit), A, B, C, meta.cu_chunk_seqlens)
     y, chunk_states = chunks.intra_chunk()
-    init = gather_initial_states(ssm_states, state_indices, meta.has_initial_state)
-    decay = chunks.chunk_decay()[..., None, None]
-    start_states, final_states = pass_states(chunk_states, decay, init, meta.last_chunk_indices)
-    y += chunks.from_start_states(start_states)
+    carried = _chunks_with_a_start_state(meta, state_indices)
+    if carried.numel() == 0:
+        # Fresh prompts of one chunk each: every chunk starts from zero and ends its sequence, so there
+        # is no state to pass or to see through C (the common prefill of short prompts).
+        final_states = chunk_states
+    else:
+        init = gather_initial_states(ssm_states, state_indices, meta.has_initial_state)
+        decay = chunks.chunk_decay()[..., None, None]
+        start_states, final_states = pass_states(chunk_states, decay, init, meta.last_chunk_indices)
+        y[carried] += chunks.from_start_states(start_states[carried], carried)
 
     # Row-major (chunk, position) order over the unpadded entries is exactly the packed token order.
     y = y.transpose(1, 2)[chunks.valid]
@@ -181,11 +187,23 @@ class _ChunkedInputs:
         """(K, H): exp of A dt' summed over each whole chunk."""
         return torch.exp(self.acs[..., -1])
 
-    def from_start_states(self, start_states: Tensor) -> Tensor:
-        """Y_off (K, H, L, P): each chunk's start state seen through C and decayed to position i."""
-        start = self.heads_by_group(start_states).transpose(-1, -2)  # (K, G, R, N, P)
-        y = (self.C[:, :, None] @ start).flatten(1, 2)  # (K, H, L, P)
-        return y.mul_(torch.exp(self.acs)[..., None])
+    def from_start_states(self, start_states: Tensor, chunks: Tensor) -> Tensor:
+        """Y_off (k, H, L, P) of the k chunks listed in `chunks`: each one's start state (k, H, P, N)
+        seen through C and decayed to position i."""
+        start = self.heads_by_group(start_states).transpose(-1, -2)  # (k, G, R, N, P)
+        y = (self.C[chunks][:, :, None] @ start).flatten(1, 2)  # (k, H, L, P)
+        return y.mul_(torch.exp(self.acs[chunks])[..., None])
+
+
+def _chunks_with_a_start_state(meta: MambaPrefillMetadata, state_indices: Tensor) -> Tensor:
+    """Indices of the chunks whose start state may be nonzero: all but the first chunk of each
+    sequence that starts from zeros (a fresh prompt, or a padding slot)."""
+    last = meta.last_chunk_indices
+    first = torch.cat([last.new_zeros(1), last[:-1] + 1])
+    from_zero = first[~(meta.has_initial_state & (state_indices >= 0))]
+    carried = torch.ones(meta.chunk_seq_idx.shape[0], dtype=torch.bool, device=last.device)
+    carried[from_zero] = False
+    return carried.nonzero().squeeze(1)
 
 
 @fused

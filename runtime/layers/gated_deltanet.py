@@ -37,6 +37,8 @@ class GatedDeltaNet(nn.Module):
     """Qwen3.5's projection layout (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a); Qwen3-Next's fused one is
     the subclass below. Implements runtime.cache.protocol.StateCacheLayer (conv state, then recurrent state)."""
 
+    beta_scale = 1.0  # OLMo-Hybrid's 2 lets the delta rule's eigenvalues go negative
+
     def __init__(self, layer_idx: int, *, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
                  head_v_dim: int, conv_width: int, eps: float):
         super().__init__()
@@ -46,12 +48,10 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self._projections(hidden_size)
-        # Holds the depthwise weights under HF's name (no bias); the kernels apply them.
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_width, groups=self.conv_dim, bias=False)
+        self._conv()
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
-        self.norm = HeadRMSNormGated(head_v_dim, eps)
-        self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self._output(hidden_size, eps)
         self.group = -1  # state group, set when the pool is bound
         self.conv_states: torch.Tensor | None = None  # (num_pages, conv_width - 1, conv_dim) view
         self.recurrent_states: torch.Tensor | None = None  # (num_pages, num_v_heads, head_k_dim, head_v_dim) view
@@ -62,10 +62,27 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(hidden_size, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(hidden_size, self.num_v_heads, bias=False)
 
+    def _conv(self) -> None:
+        # Holds the depthwise weights under HF's name (no bias); the kernels apply them.
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.conv_width, groups=self.conv_dim, bias=False)
+
+    def _output(self, hidden_size: int, eps: float) -> None:
+        self.norm = HeadRMSNormGated(self.head_v_dim, eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+
     def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """hidden (T, hidden) -> qkv (T, conv_dim) in the conv's channel order [q | k | v], z (T, value_dim),
         b and a (T, Hv)."""
         return self.in_proj_qkv(hidden), self.in_proj_z(hidden), self.in_proj_b(hidden), self.in_proj_a(hidden)
+
+    def conv_weight(self) -> torch.Tensor:
+        """(conv_dim, W): the depthwise conv's taps per channel."""
+        return self.conv1d.weight.squeeze(1)
+
+    def output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The gated per-head norm and the output projection: y, z (T, value_dim) -> (T, hidden_size)."""
+        y = self.norm(y.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(y.view(z.shape[0], self.value_dim))
 
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:
         return (self.conv_width - 1, self.conv_dim), (self.num_v_heads, self.head_k_dim, self.head_v_dim)
@@ -76,17 +93,16 @@ class GatedDeltaNet(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (T, hidden_size) -> (T, hidden_size)."""
         qkv, z, b, a = self.project(hidden)
-        q, k, v = self._conv(qkv).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k, v = self._causal_conv(qkv).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         num_tokens = hidden.shape[0]
         y = self._delta_rule(q.reshape(num_tokens, self.num_k_heads, self.head_k_dim),
                              k.reshape(num_tokens, self.num_k_heads, self.head_k_dim),
                              v.reshape(num_tokens, self.num_v_heads, self.head_v_dim), a, b)
-        y = self.norm(y.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
-        return self.out_proj(y.view(num_tokens, self.value_dim))
+        return self.output(y.view(num_tokens, self.value_dim), z)
 
-    def _conv(self, qkv: torch.Tensor) -> torch.Tensor:
+    def _causal_conv(self, qkv: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
-        nd, weight = ctx.num_decodes, self.conv1d.weight.squeeze(1)
+        nd, weight = ctx.num_decodes, self.conv_weight()
         out = torch.empty_like(qkv)
         if nd:
             out[:nd] = kernels.causal_conv1d_update(qkv[:nd], weight, None, self.conv_states,
@@ -103,12 +119,12 @@ class GatedDeltaNet(nn.Module):
         if nd:
             y[:nd] = kernels.gated_delta_rule_update(
                 q[:nd], k[:nd], v[:nd], a[:nd], b[:nd], self.A_log, self.dt_bias, self.recurrent_states,
-                ctx.decode_state_indices[self.group],
+                ctx.decode_state_indices[self.group], self.beta_scale,
             )
         if ctx.num_prefill_tokens:
             y[nd:] = kernels.gated_delta_rule_fn(
                 q[nd:], k[nd:], v[nd:], a[nd:], b[nd:], self.A_log, self.dt_bias, self.recurrent_states,
-                ctx.prefill_state_indices[self.group], ctx.mamba_prefill,
+                ctx.prefill_state_indices[self.group], ctx.mamba_prefill, self.beta_scale,
             )
         return y
 
@@ -129,3 +145,39 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNet):
         b, a = self.in_proj_ba(hidden).view(num_tokens, self.num_k_heads, 2 * per_k).split([per_k, per_k], dim=-1)
         qkv = torch.cat([q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.reshape(num_tokens, -1)], dim=-1)
         return qkv, z.reshape(num_tokens, -1), b.reshape(num_tokens, -1), a.reshape(num_tokens, -1)
+
+
+class OlmoHybridGatedDeltaNet(GatedDeltaNet):
+    """OLMo-Hybrid's layout: separate q/k/v/a/b projections and an output gate g_proj, one depthwise conv per
+    part (q_conv1d, k_conv1d, v_conv1d: the checkpoint's names), o_norm with eps 1e-5 (FLA's default, as HF
+    notes) and o_proj; beta doubled, so eigenvalues of the state update may be negative."""
+
+    beta_scale = 2.0
+
+    def _projections(self, hidden_size: int) -> None:
+        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self.a_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
+        self.b_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
+        self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+
+    def _conv(self) -> None:
+        for name, dim in (("q_conv1d", self.key_dim), ("k_conv1d", self.key_dim), ("v_conv1d", self.value_dim)):
+            setattr(self, name, nn.Conv1d(dim, dim, self.conv_width, groups=dim, bias=False))
+
+    def _output(self, hidden_size: int, eps: float) -> None:
+        self.o_norm = HeadRMSNormGated(self.head_v_dim, 1e-5)
+        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+
+    def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        qkv = torch.cat([self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)], dim=-1)
+        return qkv, self.g_proj(hidden), self.b_proj(hidden), self.a_proj(hidden)
+
+    def conv_weight(self) -> torch.Tensor:
+        # HF concatenates the three when it loads them, and so do we, per step (they are W columns each).
+        return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
+
+    def output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        y = self.o_norm(y.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.o_proj(y.view(z.shape[0], self.value_dim))

@@ -1,4 +1,4 @@
-"""Gated DeltaNet families (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) against HF transformers, the oracle, on tiny
+"""Gated DeltaNet families (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, OLMo-Hybrid) against HF transformers, the oracle, on tiny
 checkpoints whose every parameter is random: greedy tokens of a mixed-length batch, the same with chunked
 prefill and with preemption, last-token logits (float32), bfloat16 within the bounds of test_families_parity.py,
 and the engine on the Triton kernels. The helpers are test_families_parity.py's."""
@@ -27,8 +27,9 @@ MODELS = [
     pytest.param("qwen3_next", marks=pytest.mark.proves("Qwen3NextForCausalLM", "engine")),
     pytest.param("qwen3_5", marks=pytest.mark.proves("Qwen3_5ForCausalLM", "engine")),
     pytest.param("qwen3_5_moe", marks=pytest.mark.proves("Qwen3_5MoeForCausalLM", "engine")),
+    pytest.param("olmo_hybrid", marks=pytest.mark.proves("OlmoHybridForCausalLM", "engine")),
 ]
-SCHEDULED = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+SCHEDULED = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid"]
 # Tiny Qwen3.5 at BF16_INITIALIZER_RANGE is more sensitive than a trained model: HF's own bfloat16 forward
 # misses its float32 logits by 12% of their largest (ours by 13%), over the 10% sanity bound. At 0.1 both
 # are near 5%, and the comparison with HF's bfloat16 error stays as strict.
@@ -103,7 +104,8 @@ def test_bfloat16_runs_and_stays_close_to_float32(name, deltanet_checkpoint):
     assert torch.equal(got.argmax(-1)[kept], expected.argmax(-1)[kept]), name
 
 
-@pytest.mark.proves("chunked prefill", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+@pytest.mark.proves("chunked prefill", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                    "OlmoHybridForCausalLM")
 @pytest.mark.parametrize("name", SCHEDULED)
 def test_chunked_prefill_matches_transformers(name, deltanet_checkpoint, hf_tokens_of):
     directory, _ = deltanet_checkpoint(name)

@@ -1,17 +1,12 @@
 """vLLM's sampling parameters (penalties, min_p, logit_bias, allowed_token_ids, n, prompt logprobs),
-checked against an independent computation from HF's own logits.
-
-The oracle below applies each parameter to HF's float64 logits one token at a time, as vLLM documents
-it (allowed ids, logit bias, repetition over prompt and output, frequency and presence over the output;
-for random draws temperature, then min_p), without reading runtime/logits_processors.py.
-"""
+checked against an independent computation from HF's own logits (tests/sampling_oracle.py)."""
 
 import json
-import math
 import shutil
 
 import pytest
 import torch
+from sampling_oracle import generate, hf_logits, oracle_logits, oracle_probs, steps
 
 from runtime import LLM, Logprob, SamplingParams
 
@@ -29,40 +24,6 @@ def bamba(tiny_checkpoint):
 @pytest.fixture(scope="module")
 def llm(bamba):
     return LLM(bamba[0], dtype="float32")
-
-
-def hf_logits(hf, ids):
-    """HF's float64 logits at every position of `ids`."""
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].double()
-
-
-def oracle_logits(logits, prompt, output, params):
-    """One step's logits after the processors that act before the greedy pick."""
-    x = logits.clone()
-    if params.allowed_token_ids is not None:
-        keep = torch.full_like(x, -math.inf)
-        keep[list(params.allowed_token_ids)] = 0
-        x = x + keep
-    for token, bias in (params.logit_bias or {}).items():
-        x[token] += bias
-    for token in set(prompt) | set(output):
-        x[token] = x[token] / params.repetition_penalty if x[token] > 0 else x[token] * params.repetition_penalty
-    for token in set(output):
-        x[token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
-    return x
-
-
-def oracle_probs(logits, params):
-    """The distribution a random draw comes from: temperature, then min_p."""
-    probs = torch.softmax(logits / params.temperature, dim=-1)
-    probs[probs < params.min_p * probs.max()] = 0
-    return probs / probs.sum()
-
-
-def steps(hf, prompt_ids, tokens):
-    logits = hf_logits(hf, prompt_ids + tokens)
-    return logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(tokens)]
 
 
 def run(llm, **options):
@@ -174,10 +135,14 @@ def test_prompt_logprobs_ignore_the_prefix_cache(bamba):
     assert hit.num_cached_tokens > 0
 
 
-def test_n_samples_are_the_seeded_requests_seed_plus_index(llm):
+def test_n_samples_are_the_seeded_requests_seed_plus_index(llm, bamba):
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True, logprobs=1)
     output = llm.generate([PROMPT], params, use_tqdm=False)[0]
     assert [c.index for c in output.outputs] == [0, 1, 2] and output.finished
+    # Sample i is HF's draw with seed + i (as vLLM seeds its child requests).
+    for i, completion in enumerate(output.outputs):
+        assert completion.token_ids == generate(bamba[1], output.prompt_token_ids,
+                                                SamplingParams(temperature=1.0, seed=7 + i), 6), i
     singles = llm.generate([PROMPT] * 3, [SamplingParams(temperature=1.0, seed=7 + i, max_tokens=6, ignore_eos=True)
                                           for i in range(3)], use_tqdm=False)
     assert [c.token_ids for c in output.outputs] == [s.outputs[0].token_ids for s in singles]

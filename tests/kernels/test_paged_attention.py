@@ -91,6 +91,21 @@ def test_decodes_split_into_gather_groups_match_one_group(page_pool, monkeypatch
     q = torch.randn(len(lens), 2 * HKV, HEAD)
     one_group = paged_attention_ref(q, k_cache, v_cache, block_table, meta, 0.3, torch.empty_like(q))
     monkeypatch.setattr(pa, "DECODE_GATHER_ELEMENTS", 3 * block_size * HKV * HEAD)
-    assert len(pa._decode_groups(list(range(len(lens))), lens, block_size, HKV * HEAD)) > 2
+    assert len(pa._decode_groups(list(range(len(lens))), lens, HKV * HEAD)) > 2
     groups = paged_attention_ref(q, k_cache, v_cache, block_table, meta, 0.3, torch.empty_like(q))
     torch.testing.assert_close(groups, one_group, atol=1e-6, rtol=1e-6)  # padding differs per group
+
+
+@pytest.mark.parametrize("gap", [2 * HKV * HEAD, 7])
+def test_token_gather_matches_indexing(page_pool, gap):
+    """The strided-slot gather equals plain indexing, whether or not the page stride is a whole number
+    of tokens (a gap of 7 elements makes it fall back to indexing)."""
+    pa = importlib.import_module("runtime.kernels.paged_attention")
+    block_size, num_pages = 24, 6
+    layer = block_size * HKV * HEAD
+    pool = page_pool(num_pages, 1, (layer + gap) * 4, seed=3)
+    cache = pool.view(0, 0, torch.float32, (block_size, HKV, HEAD))
+    cache.copy_(torch.randn(cache.shape))
+    pages = torch.randint(0, num_pages, (5, 9))
+    offsets = torch.randint(0, block_size, (5, 9))
+    torch.testing.assert_close(pa._gather_tokens(cache, pages, offsets), cache[pages, offsets], atol=0, rtol=0)

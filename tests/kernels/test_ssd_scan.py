@@ -160,3 +160,36 @@ def test_chunks_taken_one_at_a_time_give_the_same_result(monkeypatch):
     one_at_a_time = run_ssd(inputs, NO_LIMIT, states_one, slots, meta)
     torch.testing.assert_close(one_at_a_time, all_at_once, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(states_one, states_all, atol=1e-6, rtol=1e-6)
+
+
+def test_fresh_single_chunk_prompts_skip_state_passing_and_match(page_pool):
+    """Fresh prompts of one chunk each take the path with no inter-chunk pass: it must give what the
+    general path gives for the same prompts batched with a resumed sequence, and the recurrence's states."""
+    torch.manual_seed(5)
+    pool, states = ssm_state_view(page_pool, torch.float32)
+    lens, slots = [9, 16, 3, 12], torch.tensor([3, 0, -1, 6])
+    states[slots[slots >= 0]] = float("nan")  # fresh: never read
+    inputs = random_ssm_inputs(sum(lens), H, P, G, N)
+    meta = build_mamba_prefill_metadata(lens, [0] * len(lens), Q, "cpu")
+    pool.allow_writes(states, slots[slots >= 0])
+    before = pool.snapshot()
+    fast = run_ssd(inputs, NO_LIMIT, states, slots, meta)
+    pool.assert_untouched_outside_allowed(before)
+
+    starts = meta.query_start_loc.tolist()
+    for s, slot in enumerate(slots.tolist()):
+        piece = slice(starts[s], starts[s + 1])
+        zero = torch.zeros(H, P, N)
+        expected, final = recurrence_oracle(**select_tokens(inputs, piece), dt_limit=NO_LIMIT, state=zero)
+        torch.testing.assert_close(fast[piece].double(), expected, atol=1e-5, rtol=1e-5)
+        if slot >= 0:
+            torch.testing.assert_close(states[slot].double(), final, atol=1e-5, rtol=1e-5)
+
+    # The same prompts after a resumed two-chunk sequence (slot 7) take the general path.
+    extra = random_ssm_inputs(20, H, P, G, N)
+    mixed = {k: torch.cat([extra[k], inputs[k]]) if k in PER_TOKEN else inputs[k] for k in inputs}
+    general_states = states.clone()
+    general_states[7] = torch.randn(H, P, N)
+    meta = build_mamba_prefill_metadata([20, *lens], [5] + [0] * len(lens), Q, "cpu")
+    general = run_ssd(mixed, NO_LIMIT, general_states, torch.cat([torch.tensor([7]), slots]), meta)
+    torch.testing.assert_close(general[20:], fast, atol=1e-6, rtol=1e-6)

@@ -106,7 +106,12 @@ def test_paged_attention_matches_reference(page_pool, batch, block_size, gqa, dt
     result = paged_attention_triton(q, k_cache, v_cache, block_table, meta, 0.3, out)
 
     assert result is out
-    assert_close(out, expected)
+    if dtype == torch.bfloat16:
+        # The reference decodes a bfloat16 cache in bfloat16 (its probabilities rounded to 8 bits, as the
+        # kernel's are on a GPU); the interpreted kernel keeps them in float32: a few 1e-3 apart on unit values.
+        torch.testing.assert_close(out.double(), expected.double(), atol=4e-3, rtol=2.0**-7)
+    else:
+        assert_close(out, expected)
 
 
 def test_paged_attention_odd_head_dim(page_pool):

@@ -6,7 +6,7 @@ from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.dims import RopeDims, read_rope
 from runtime.models.granitemoehybrid.declaration import layers_from_types
-from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, planned, supported
+from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import attention_shape
 
 LAYER_TYPES = {"linear_attention": LayerKind.GATED_DELTANET, "full_attention": LayerKind.ATTENTION}
@@ -47,11 +47,7 @@ class Qwen3NextDims:
     norm_topk_prob: bool = True
 
 # What the engine does for every Gated DeltaNet model it runs.
-GATED_DELTANET_CAPABILITIES = capabilities(
-    ON_ENGINE, chunked_prefill=supported(),
-    prefix_caching=planned("Not tested on Gated DeltaNet yet: the kernels write each prefill's final state, "
-                           "which prefix caching snapshots, but no test proves it."),
-)
+GATED_DELTANET_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported())
 
 
 def moe_layers(cfg: HFConfig, num_layers: int) -> tuple[bool, ...]:
