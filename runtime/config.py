@@ -165,7 +165,8 @@ class EngineConfig:
             return int(env)
         if os.environ.get("OMP_NUM_THREADS", "").strip():
             return None
-        return default_threads(getattr(self.dims, "hidden_size", 0))
+        # Tensor-parallel ranks on one machine share its cores.
+        return max(1, default_threads(getattr(self.dims, "hidden_size", 0)) // self.tensor_parallel_size)
 
     @cached_property
     def model_dtype(self) -> str:
