@@ -65,8 +65,12 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
     if not any(p.has_penalties for p in params):
         return
     vocab, device = logits.shape[-1], logits.device
-    output_counts = _bin_counts([list(out) for _, out in histories], vocab, device)
-    seen = (_bin_counts([list(prompt) for prompt, _ in histories], vocab, device) > 0) | (output_counts > 0)
+    # Only rows with penalties count their tokens: the others' factors are 1 and 0 whatever they hold.
+    wanted = [p.has_penalties for p in params]
+    output_counts = _bin_counts([list(out) if w else [] for w, (_, out) in zip(wanted, histories)], vocab, device)
+    prompt_counts = _bin_counts([list(prompt) if w else [] for w, (prompt, _) in zip(wanted, histories)], vocab,
+                                device)
+    seen = (prompt_counts > 0) | (output_counts > 0)
 
     def column(name: str) -> torch.Tensor:
         return torch.tensor([getattr(p, name) for p in params], dtype=logits.dtype, device=device)[:, None]
