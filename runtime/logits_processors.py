@@ -48,33 +48,48 @@ def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None
                       accumulate=True)
 
 
-def _bin_counts(lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """Per row, how often each token id occurs in its list: (rows, vocab) long."""
-    width = max((len(ids) for ids in lists), default=0)
-    # Padding goes to an extra column, dropped below.
-    padded = torch.tensor([ids + [vocab] * (width - len(ids)) for ids in lists], dtype=torch.long, device=device)
-    counts = torch.zeros(len(lists), vocab + 1, dtype=torch.long, device=device)
-    counts.scatter_add_(1, padded.reshape(len(lists), width), torch.ones_like(padded).reshape(len(lists), width))
-    return counts[:, :vocab]
-
-
 def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
                     histories: list[tuple[list[int], list[int]]]) -> None:
-    """vLLM's apply_penalties: repetition over prompt and output tokens, frequency and presence
-    (OpenAI's definitions) over output tokens."""
-    if not any(p.has_penalties for p in params):
-        return
-    vocab, device = logits.shape[-1], logits.device
-    output_counts = _bin_counts([list(out) for _, out in histories], vocab, device)
-    seen = (_bin_counts([list(prompt) for prompt, _ in histories], vocab, device) > 0) | (output_counts > 0)
+    """vLLM's apply_penalties: repetition over the distinct tokens of prompt and output, frequency (per
+    occurrence) and presence (per distinct token) over the output, as OpenAI defines them.
 
-    def column(name: str) -> torch.Tensor:
-        return torch.tensor([getattr(p, name) for p in params], dtype=logits.dtype, device=device)[:, None]
+    Only the logits of tokens a row has seen change, so the work goes by history length, not by
+    vocabulary: one gather and one scatter for the repetition penalty, one accumulating add for the others.
+    """
+    # Flat (row, token id, value) lists: for the repetition penalty its factor, for the others the amount added.
+    repeated: tuple[list[int], list[int], list[float]] = ([], [], [])
+    added: tuple[list[int], list[int], list[float]] = ([], [], [])
+    for row, (p, (prompt, output)) in enumerate(zip(params, histories)):
+        if not p.has_penalties:
+            continue
+        distinct_output = set(output)
+        if p.repetition_penalty != 1:
+            _extend(repeated, row, set(prompt) | distinct_output, p.repetition_penalty)
+        if p.frequency_penalty:
+            _extend(added, row, output, -p.frequency_penalty)
+        if p.presence_penalty:
+            _extend(added, row, distinct_output, -p.presence_penalty)
+    if repeated[0]:
+        index, factor = _index(repeated[0], repeated[1], logits.device), _values(repeated[2], logits)
+        values = logits[index]
+        logits[index] = torch.where(values > 0, values / factor, values * factor)
+    if added[0]:
+        logits.index_put_(_index(added[0], added[1], logits.device), _values(added[2], logits), accumulate=True)
 
-    repetition = torch.where(seen, column("repetition_penalty"), 1.0)
-    logits.copy_(torch.where(logits > 0, logits / repetition, logits * repetition))
-    logits -= column("frequency_penalty") * output_counts
-    logits -= column("presence_penalty") * (output_counts > 0)
+
+def _extend(flat: tuple[list[int], list[int], list[float]], row: int, tokens, value: float) -> None:
+    tokens = list(tokens)
+    flat[0].extend([row] * len(tokens))
+    flat[1].extend(tokens)
+    flat[2].extend([value] * len(tokens))
+
+
+def _index(rows: list[int], tokens: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(tokens, dtype=torch.long, device=device))
+
+
+def _values(values: list[float], logits: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=logits.dtype, device=logits.device)
 
 
 def apply_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> None:

@@ -83,9 +83,11 @@ class Sampler:
         temperature = torch.tensor([p.temperature for p in params], device=device)
         logits = logits / temperature[:, None]
         logits_processors.apply_min_p(logits, params)
-        top_k = torch.tensor([p.top_k for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        logits = _filter_top_k_top_p(logits, top_k, top_p)
+        # The filters sort the whole vocabulary: only when some request asks for one (as vLLM).
+        if any(p.top_k > 0 or p.top_p < 1 for p in params):
+            top_k = torch.tensor([p.top_k for p in params], device=device)
+            top_p = torch.tensor([p.top_p for p in params], device=device)
+            logits = _filter_top_k_top_p(logits, top_k, top_p)
         probs = logits.softmax(dim=-1)
         # multinomial on inf/nan fails on the CPU and may assert (killing the device) on CUDA: refuse first.
         bad = ~(probs.isfinite().all(dim=-1) & (probs.sum(dim=-1) > 0))

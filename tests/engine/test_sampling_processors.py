@@ -26,10 +26,16 @@ def llm(bamba):
     return LLM(bamba[0], dtype="float32")
 
 
+NEIGHBOUR = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
 def run(llm, **options):
+    """The request with `options`, batched with a plain greedy neighbour, which must get its own tokens."""
     params = SamplingParams(**{"max_tokens": NEW_TOKENS, "ignore_eos": True, **options})
-    return params, llm.generate([PROMPT, "A hybrid model"], [params, SamplingParams(temperature=0, max_tokens=3)],
-                                use_tqdm=False)[0]
+    output, neighbour = llm.generate([PROMPT, "A hybrid model"], [params, NEIGHBOUR], use_tqdm=False)
+    alone = llm.generate(["A hybrid model"], NEIGHBOUR, use_tqdm=False)[0]
+    assert neighbour.outputs[0].token_ids == alone.outputs[0].token_ids, "a request's parameters leaked to another"
+    return params, output
 
 
 GREEDY = [
