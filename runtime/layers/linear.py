@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
 PACK_ROWS = 32  # the batch size bfloat16 weights are laid out for
 
 
