@@ -158,6 +158,8 @@ ENGINES = {"hf": run_hf, "tandem": run_tandem, "vllm": run_vllm}
 
 def child(args: argparse.Namespace) -> None:
     """One measurement in this process; prints one JSON line."""
+    if args.engine == "tandem":
+        import runtime  # noqa: F401  (before torch, as a user's import would be: it sets OpenMP's wait policy)
     ids = prompts(args.prompts, args.input_len)
     directory = build_checkpoint(args.model, args.cache) if args.engine != "vllm" else checkpoint_dir(args)
     result = ENGINES[args.engine](directory, args.dtype, ids, args.output_len, args.threads)

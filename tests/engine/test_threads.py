@@ -1,6 +1,10 @@
 """The CPU thread count: the option, its environment variable and its default reach torch's thread pool."""
 
 import argparse
+import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +14,8 @@ from runtime.config import MIN_THREADED_HIDDEN, EngineConfig, default_threads, u
 from runtime.hf_config import ConfigError
 from runtime.llm import DEFAULT_MODEL
 from runtime.options import add_config_options, config_kwargs
+
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture
@@ -70,3 +76,12 @@ def test_command_line_option_maps_to_the_field():
     add_config_options(parser, EngineConfig)
     assert config_kwargs(parser.parse_args(["--threads", "3"]), EngineConfig) == {"threads": 3}
     assert config_kwargs(parser.parse_args([]), EngineConfig) == {}
+
+
+def test_importing_tandem_first_makes_openmp_threads_wait_passively(tmp_path):
+    """Set before torch loads libgomp, unless the user chose a policy."""
+    probe = "import os, runtime, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    run = functools.partial(subprocess.run, [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert run(env=env).stdout.strip() == "PASSIVE"
+    assert run(env={**env, "OMP_WAIT_POLICY": "ACTIVE"}).stdout.strip() == "ACTIVE"
