@@ -30,9 +30,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     args = parser.parse_args()
 
-    import torch
+    from runtime import LLM, SamplingParams  # before torch, as a user's import: it sets OpenMP's wait policy
 
-    from runtime import LLM, SamplingParams
+    import torch
 
     torch.set_num_threads(args.threads)
     llm = LLM(build_checkpoint(args.model, args.cache), dtype=args.dtype, max_num_seqs=32, threads=args.threads,
