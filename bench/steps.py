@@ -30,8 +30,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     args = parser.parse_args()
 
-    from runtime import LLM, SamplingParams  # before torch, as a user's import: it sets OpenMP's wait policy
-
+    # runtime before torch, as a user's import would be: it sets OpenMP's wait policy.
+    from runtime import LLM, SamplingParams  # noqa: I001
     import torch
 
     torch.set_num_threads(args.threads)
