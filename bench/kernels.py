@@ -10,7 +10,8 @@ the device's copy bandwidth (a large device-to-device tensor copy, read + write)
 also report TFLOP/s, since they can be compute-bound. Shapes: Mamba-2 H=128, P=64, N=128, G=1,
 W=4, d_inner=8192, chunk 256; attention Hq=32, Hkv=8, Dh=128 with 528-token pages (the hybrid page
 size); Mamba-1 (not in Bamba) d_inner=8192, N=16 as in Falcon-Mamba-7B; the short convolution (not in
-Bamba) D=1536, W=3 as in LFM2-700M. Activations bfloat16.
+Bamba) D=1536, W=3 as in LFM2-700M; the gated delta rule (not in Bamba) 16 key and 32 value heads of 128
+as in Qwen3-Next-80B-A3B, with a float32 recurrent state. Activations bfloat16.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class Sizes:
     mamba1_state: int = 16
     short_conv_dim: int = 1536  # LFM2-700M's hidden size
     short_conv_width: int = 3
+    gdn_k_heads: int = 16  # Qwen3-Next-80B-A3B's Gated DeltaNet: key heads, value heads, head dim (keys and values)
+    gdn_v_heads: int = 32
+    gdn_head_dim: int = 128
     batches: tuple[int, ...] = (1, 16, 64, 256)
     contexts: tuple[int, ...] = (1024, 4096, 32768)
     prefills: tuple[int, ...] = (1024, 8192, 32768)
@@ -72,7 +76,8 @@ class Sizes:
 SMALL_BATCHES = Sizes(batches=(1, 4), contexts=(600,), prefills=(300,), attn_prefills=((40, 600),),
                       batched_prefill=(2, 100))
 TOY = Sizes(heads=4, head_dim=16, d_state=16, chunk=16, q_heads=4, kv_heads=2, attn_head_dim=16, page=24,
-            mamba1_inner=32, mamba1_state=8, short_conv_dim=40, batches=(1, 3), contexts=(40,), prefills=(40,),
+            mamba1_inner=32, mamba1_state=8, short_conv_dim=40, gdn_k_heads=2, gdn_v_heads=4, gdn_head_dim=16,
+            batches=(1, 3), contexts=(40,), prefills=(40,),
             attn_prefills=((9, 40),), batched_prefill=(3, 13))
 
 
@@ -203,6 +208,7 @@ def all_cases(s: Sizes, device: str) -> Iterator[Case]:
     yield from mamba2_prefill_cases(s, device)
     yield from mamba1_cases(s, device)
     yield from short_conv_cases(s, device)
+    yield from gated_delta_rule_cases(s, device)
 
 
 BF16 = torch.bfloat16
@@ -373,6 +379,36 @@ def short_conv_cases(s: Sizes, device: str) -> Iterator[Case]:
         slots = torch.randperm(states.shape[0], device=device)[:batch]
         run = partial(short_conv_update_triton, bcx, weight, None, states, slots)
         yield Case("short_conv_update", f"b={batch}", run, batch * (4 * dim + 2 * (width - 1) * dim) * 2)
+
+
+def gated_delta_rule_cases(s: Sizes, device: str) -> Iterator[Case]:
+    """Gated DeltaNet's delta rule: q, k (T, Hk, D), v (T, Hv, D), a and b (T, Hv) in; (T, Hv, D) out;
+    (Hv, D, D) float32 states read and written once per sequence."""
+    from runtime.kernels.gated_delta_rule import gated_delta_rule_fn_triton, gated_delta_rule_update_triton
+    from runtime.kernels.metadata import build_mamba_prefill_metadata
+
+    hk, hv, d = s.gdn_k_heads, s.gdn_v_heads, s.gdn_head_dim
+    A_log, dt_bias = torch.rand(hv, device=device) + 0.5, torch.rand(hv, device=device)
+    states = torch.empty(max(s.batches) + 1, hv, d, d, dtype=torch.float32, device=device).normal_()
+    state_bytes = hv * d * d * 4
+    per_token = (2 * hk * d + 2 * hv * d + 2 * hv) * 2  # q, k, v, a, b in and the output, bfloat16
+
+    def inputs(tokens: int) -> tuple[torch.Tensor, ...]:
+        qk = torch.randn(tokens, 2, hk, d, dtype=BF16, device=device)
+        ab = torch.randn(2, tokens, hv, dtype=BF16, device=device)
+        return qk[:, 0], qk[:, 1], torch.randn(tokens, hv, d, dtype=BF16, device=device), ab[0], ab[1]
+
+    for tokens in s.prefills[:2]:
+        meta = build_mamba_prefill_metadata([tokens], [0], 64, device)
+        slot = torch.zeros(1, dtype=torch.long, device=device)
+        run = partial(gated_delta_rule_fn_triton, *inputs(tokens), A_log, dt_bias, states, slot, meta)
+        # Per token and value head: decay, S^T k, the rank-1 update and S^T q over the (D, D) state.
+        yield Case("gated_delta_rule_fn", f"T={tokens}", run, tokens * per_token + 2 * state_bytes,
+                   tokens * hv * 7 * d * d)
+    for batch in s.batches:
+        slots = torch.randperm(states.shape[0], device=device)[:batch]
+        run = partial(gated_delta_rule_update_triton, *inputs(batch), A_log, dt_bias, states, slots)
+        yield Case("gated_delta_rule_update", f"b={batch}", run, batch * (per_token + 2 * state_bytes))
 
 
 if __name__ == "__main__":

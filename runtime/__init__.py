@@ -14,9 +14,10 @@ import os
 # libgomp reads this when torch loads, so it holds when Tandem is imported first (the CLI always is).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
-_LOCATIONS = {"LLM": "runtime.llm", "SamplingParams": "runtime.sampling_params", "RequestOutput": "runtime.outputs"}
+_LOCATIONS = {"LLM": "runtime.llm", "SamplingParams": "runtime.sampling_params", "RequestOutput": "runtime.outputs",
+              "CompletionOutput": "runtime.outputs", "Logprob": "runtime.outputs"}
 
 
 def __getattr__(name: str):

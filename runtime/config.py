@@ -68,7 +68,8 @@ class EngineConfig:
     dtype: str = field(default="auto", metadata=option(
         "model dtype: auto (config.json's; float32 when it names none), float32, bfloat16 or float16"))
     tensor_parallel_size: int = field(default=1, metadata=option(
-        "tensor-parallel size: the cache shapes per rank", aliases=("--tp",), metavar="N"))
+        "processes (GPUs, or CPU processes) the model is split over; this command starts them (or joins "
+        "torchrun's), and the cache shapes are per rank", aliases=("--tp", "-tp"), metavar="N"))
     block_size: int | None = field(default=None, metadata=option(
         "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N"))
     enable_prefix_caching: bool = field(default=False, metadata=option(
@@ -169,7 +170,9 @@ class EngineConfig:
             return int(env)
         if os.environ.get("OMP_NUM_THREADS", "").strip():
             return None
-        return default_threads(getattr(self.dims, "hidden_size", 0), usable_cores(), os.getloadavg()[0])
+        # Tensor-parallel ranks on one machine share its cores.
+        threads = default_threads(getattr(self.dims, "hidden_size", 0), usable_cores(), os.getloadavg()[0])
+        return max(1, threads // self.tensor_parallel_size)
 
     @cached_property
     def model_dtype(self) -> str:

@@ -19,11 +19,13 @@ from runtime import kernels
 from runtime.cache.manager import CacheManager
 from runtime.cache.prefix import PrefixCache, prefix_block_size
 from runtime.config import EngineConfig
+from runtime.distributed.runner import TensorParallelRunner
 from runtime.loader import load_tokenizer
 from runtime.models.interface import Feature, Status
-from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.runner import ModelRunner
-from runtime.sampler import Sampler, SamplerOutput
+from runtime.outputs import CompletionOutput, Logprob, RequestOutput
+from runtime.parallel import ParentRequest, child_id, child_params
+from runtime.runner import ModelRunner, PromptLogits
+from runtime.sampler import Sampler, SamplerOutput, top_logprobs
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler, SchedulerLimits
 from runtime.sequence import Sequence
@@ -113,13 +115,19 @@ class Engine:
             self._start(config)
         except BaseException:
             kernels.restore(binding)
+            if "runner" in self.__dict__:
+                self.shutdown()
             raise
+
+    def shutdown(self) -> None:
+        """Release what the engine holds outside this process (a tensor-parallel engine's shards on the other ranks)."""
+        self.runner.shutdown()
 
     def _start(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)
-        self.runner = ModelRunner(config)
+        self.runner = ModelRunner(config) if config.tensor_parallel_size == 1 else TensorParallelRunner(config)
         self.cache = CacheManager(config.cache, self.runner.num_pages, prefix=make_prefix_cache(config))
         self.max_model_len = self._fit_max_model_len()
         limits = SchedulerLimits(config.max_num_seqs, config.derived_max_num_batched_tokens,
@@ -134,6 +142,7 @@ class Engine:
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self._ids = itertools.count()
         self._seqs: dict[str, Sequence] = {}
+        self._parents: dict[str, ParentRequest] = {}
         self._generators: dict[str, torch.Generator | None] = {}
         self._timings: dict[str, Timing] = {}
         self.counters = EngineCounters()
@@ -179,14 +188,17 @@ class Engine:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         if params is not None:
-            bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"stop token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-            if params.seed is not None and not -(2**63) <= params.seed < 2**64:
+            for name, ids in params.token_ids_to_check().items():
+                bad = [t for t in ids if not 0 <= t < vocab]
+                if bad:
+                    raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+            if params.seed is not None and not -(2**63) <= params.seed + params.n - 1 < 2**64:
                 raise ValueError(f"seed {params.seed} is out of range; use a 64-bit integer")
-            if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
-                raise ValueError(f"logprobs={params.logprobs} is more than max_logprobs={self.config.max_logprobs}; "
-                                 "ask for fewer, or raise max_logprobs")
+            for name in ("logprobs", "prompt_logprobs"):
+                value = getattr(params, name)
+                if value is not None and value > self.config.max_logprobs:
+                    raise ValueError(f"{name}={value} is more than max_logprobs={self.config.max_logprobs}; "
+                                     "ask for fewer, or raise max_logprobs")
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
                     stream: bool = False) -> str:
@@ -194,20 +206,37 @@ class Engine:
         text, token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
         request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self._seqs:
+        if request_id in self._seqs or request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(request_id, token_ids, params, prompt=text, stream=stream)
-        self._seqs[request_id] = seq
-        self._generators[request_id] = (
+        if params.n == 1:
+            self._add_seq(Sequence(request_id, token_ids, params, prompt=text, stream=stream))
+            return request_id
+        children = [Sequence(child_id(request_id, i), token_ids, child_params(params, i), prompt=text, stream=stream,
+                             parent_id=request_id, index=i) for i in range(params.n)]
+        self._parents[request_id] = ParentRequest(request_id, children)
+        for seq in children:
+            self._add_seq(seq)
+        return request_id
+
+    def _add_seq(self, seq: Sequence) -> None:
+        params = seq.params
+        self._seqs[seq.request_id] = seq
+        self._generators[seq.request_id] = (
             torch.Generator(device=self.runner.device).manual_seed(params.seed) if params.seed is not None else None
         )
-        self._timings[request_id] = Timing(time.monotonic())
+        self._timings[seq.request_id] = Timing(time.monotonic())
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]
         self.scheduler.add(seq)
-        self.counters.prompt_tokens += len(token_ids)
-        return request_id
+        self.counters.prompt_tokens += len(seq.prompt_token_ids)
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its pages; unknown or finished ids are ignored."""
+        parent = self._parents.pop(request_id, None)
+        if parent is not None:
+            for child in parent.children:
+                self.abort(child.request_id)
+            return
         seq = self._seqs.get(request_id)
         if seq is not None and not seq.is_finished:
             self.scheduler.finish(seq, "abort")
@@ -231,9 +260,11 @@ class Engine:
             return []
         self._copy_pages()  # cached snapshots into the states of sequences that resume from them
         self.counters.batch_size.observe(len(batch.seqs))
-        seqs, logits = self.runner.execute(batch)
+        seqs, logits, prompt_logits = self.runner.run(batch)
         self.scheduler.update(batch)
         self._copy_pages()  # states snapshotted at block boundaries, before they move on
+        for chunk in prompt_logits:
+            self._add_prompt_logprobs(chunk)
         if not seqs:
             return []
         sampled = self._sample(seqs, logits)
@@ -281,7 +312,23 @@ class Engine:
 
     def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor,
                      generators: list[torch.Generator | None]) -> SamplerOutput:
-        return self.sampler(logits, [s.params for s in seqs], generators, [self._banned(s) for s in seqs])
+        return self.sampler(logits, [s.params for s in seqs], generators, [self._banned(s) for s in seqs],
+                            [(s.prompt_token_ids, s.output_token_ids) for s in seqs])
+
+    def _add_prompt_logprobs(self, chunk: PromptLogits) -> None:
+        """Logprobs of the prompt tokens that `chunk`'s positions predict; positions recomputed after a
+        preemption were counted the first time."""
+        seq = chunk.seq
+        logprobs = chunk.logits.to(torch.float32).log_softmax(dim=-1)
+        for row, target in enumerate(range(chunk.start + 1, chunk.start + 1 + len(logprobs))):
+            if target == len(seq.prompt_logprobs):
+                top = top_logprobs(logprobs[row], seq.params.prompt_logprobs, seq.prompt_token_ids[target])
+                seq.prompt_logprobs.append(self._decoded(top))
+
+    def _decoded(self, top: dict[int, Logprob]) -> dict[int, Logprob]:
+        for token, logprob in top.items():
+            logprob.decoded_token = self.tokenizer.decode([token])
+        return top
 
     def _postprocess(self, seq: Sequence, row: tuple | Exception, now: float) -> RequestOutput | None:
         """Append the sampled token and check the stops; an error here ends this request alone."""
@@ -290,7 +337,7 @@ class Engine:
                 raise row
             self._append(seq, *row)
             self._observe_token(seq, now)
-            output = self.output(seq) if seq.is_finished or seq.stream else None
+            output = self._emit(seq)
         except Exception as err:
             logger.warning("request %s failed: %s: %s", seq.request_id, type(err).__name__, err)
             return self._fail(seq, f"{type(err).__name__}: {err}")
@@ -303,10 +350,13 @@ class Engine:
         if not seq.is_finished:
             self.scheduler.finish(seq, "error")
         seq.finish_reason = "error"
-        completion = CompletionOutput(0, "", list(seq.output_token_ids), finish_reason="error")
-        output = RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion], finished=True,
-                               num_preemptions=seq.num_preemptions, num_cached_tokens=seq.num_cached_tokens,
-                               error=reason)
+        completion = CompletionOutput(seq.index, "", list(seq.output_token_ids), finish_reason="error")
+        if seq.parent_id is not None:
+            output = self._parents[seq.parent_id].update(seq, completion, error=reason)
+        else:
+            output = RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion],
+                                   finished=True, num_preemptions=seq.num_preemptions,
+                                   num_cached_tokens=seq.num_cached_tokens, error=reason)
         self._forget(seq)
         return output
 
@@ -315,11 +365,11 @@ class Engine:
             return []
         return sorted(set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_token_ids))
 
-    def _append(self, seq: Sequence, token: int, top: dict[int, float] | None, logprob: float | None) -> None:
+    def _append(self, seq: Sequence, token: int, top: dict[int, Logprob] | None, logprob: float | None) -> None:
         seq.output_token_ids.append(token)
         self.counters.generated_tokens += 1
         if top is not None:
-            seq.logprobs.append(top)
+            seq.logprobs.append(self._decoded(top))
             seq.cumulative_logprob += logprob
         stop = self._stop(seq, token)
         if stop is not None:
@@ -355,10 +405,23 @@ class Engine:
     def decode(self, seq: Sequence) -> str:
         return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
 
+    def _emit(self, seq: Sequence) -> RequestOutput | None:
+        """The output this step gives for `seq`'s request: every step while streaming, else once finished."""
+        if seq.parent_id is not None:
+            return self._parents[seq.parent_id].update(seq, self._completion(seq))
+        return self.output(seq) if seq.is_finished or seq.stream else None
+
     def output(self, seq: Sequence) -> RequestOutput:
+        return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [self._completion(seq)],
+                             finished=seq.is_finished, num_preemptions=seq.num_preemptions,
+                             num_cached_tokens=seq.num_cached_tokens,
+                             prompt_logprobs=list(seq.prompt_logprobs) if seq.params.prompt_logprobs is not None
+                             else None)
+
+    def _completion(self, seq: Sequence) -> CompletionOutput:
         text = seq.text if seq.text is not None else self.decode(seq)
-        completion = CompletionOutput(
-            index=0,
+        return CompletionOutput(
+            index=seq.index,
             text=text,
             token_ids=list(seq.output_token_ids),
             cumulative_logprob=seq.cumulative_logprob if seq.params.logprobs is not None else None,
@@ -366,9 +429,6 @@ class Engine:
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
         )
-        return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion],
-                             finished=seq.is_finished, num_preemptions=seq.num_preemptions,
-                             num_cached_tokens=seq.num_cached_tokens)
 
     def _observe_token(self, seq: Sequence, now: float) -> None:
         timing = self._timings[seq.request_id]
@@ -387,6 +447,9 @@ class Engine:
             counters.e2e_request_latency.observe(time.monotonic() - timing.arrival)
         self._seqs.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
+        parent = self._parents.get(seq.parent_id) if seq.parent_id is not None else None
+        if parent is not None and all(child.is_finished for child in parent.children):
+            del self._parents[seq.parent_id]
 
     # What the engine reports --------------------------------------------------------------------
 

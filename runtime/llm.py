@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from runtime.config import EngineConfig
 from runtime.engine import Engine, Prompt
 from runtime.outputs import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.sampling_params import SamplingParams, generation_defaults
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
 
@@ -42,6 +42,29 @@ class LLM:
 
     def get_tokenizer(self):
         return self.engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the defaults of the model's generation_config.json (temperature, top_p, top_k,
+        min_p, repetition_penalty, max_new_tokens), as vLLM's: what `generate` and `chat` use when given none."""
+        return SamplingParams(**generation_defaults(self.engine.config.model_dir))
+
+    def chat(
+        self,
+        messages: Seq[dict[str, Any]] | Seq[Seq[dict[str, Any]]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate a reply to one conversation (a list of {"role", "content"} messages) or to each of a list
+        of them, through the tokenizer's chat template or `chat_template` (a Jinja template string), as vLLM's."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [render_chat(self.get_tokenizer(), conversation, chat_template, add_generation_prompt,
+                               continue_final_message, chat_template_kwargs or {})
+                   for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def generate(
         self,
@@ -73,7 +96,7 @@ class LLM:
     def _submit(self, prompts, sampling_params, stream: bool) -> list[str]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
@@ -101,3 +124,23 @@ class LLM:
         finally:
             bar.close()
         return [done[request_id] for request_id in ids]
+
+
+def render_chat(tokenizer, messages: Seq[dict[str, Any]], chat_template: str | None, add_generation_prompt: bool,
+                continue_final_message: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The prompt (text and token ids) a chat template makes of `messages`."""
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template; pass one as LLM.chat(..., chat_template=TEMPLATE)")
+    messages = [{**m, "content": _text(m.get("content"))} for m in messages]
+    text = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message, **kwargs)
+    # The template writes the special tokens it wants (a BOS, say); encoding must not add them a second time.
+    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+
+def _text(content: Any) -> Any:
+    """OpenAI's list of content parts, as one string ([{"type": "text", "text": ...}, ...])."""
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content if part.get("type") == "text")
+    return content

@@ -19,7 +19,10 @@ from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from runtime.config import EngineConfig
+from runtime.distributed import state
+from runtime.distributed.sharding import shard_model
 from runtime.dtypes import DTYPES
+from runtime.layers.parallel import Shard
 from runtime.models.causal_lm import CausalLM
 
 # Buffers that older checkpoints saved and that HF and vLLM skip on load: we compute them.
@@ -75,16 +78,17 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     )
 
 
-def read_tensors(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
-    """(name, load) for each tensor of one file; safetensors reads a tensor only when asked."""
+def read_tensors(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor], Callable[[], Any]]]:
+    """(name, load, lazy) for each tensor of one file; safetensors reads a tensor only when asked, and
+    `lazy()` (a safetensors slice) reads only the part a tensor-parallel rank indexes."""
     if path.suffix == ".safetensors":
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
-                yield name, lambda name=name: f.get_tensor(name)
+                yield name, lambda name=name: f.get_tensor(name), lambda name=name: f.get_slice(name)
         return
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    for name, tensor in state.items():
-        yield name, lambda tensor=tensor: tensor
+    tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    for name, tensor in tensors.items():
+        yield name, lambda tensor=tensor: tensor, lambda tensor=tensor: tensor
 
 
 @contextlib.contextmanager
@@ -97,13 +101,47 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+@contextlib.contextmanager
+def parameters_on_meta(enabled: bool) -> Iterator[None]:
+    """Every nn.Parameter registered inside the block lives on the meta device; buffers stay real."""
+    if not enabled:
+        yield
+        return
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def allocate_parameters(model: torch.nn.Module, device: torch.device) -> None:
+    """Real (uninitialised) memory for every meta parameter; the checkpoint fills it."""
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.is_meta:
+                module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device=device),
+                                                              requires_grad=param.requires_grad)
+
+
 def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    with default_dtype(DTYPES[config.model_dtype]), device:
+    tp = config.tensor_parallel_size
+    # With tensor parallelism, parameters are built on the meta device (no memory), narrowed to this
+    # rank's shard, and only then allocated: a rank never holds more than its part of the weights.
+    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1):
         model = cls(config.dims)
+    shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
+    allocate_parameters(model, device)
     model.tie_weights()
-    load_weights(model, checkpoint_files(config.model_dir))
+    load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp)
     return model.eval()
 
 
@@ -112,23 +150,40 @@ def _names(names: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def load_weights(model: CausalLM, files: list[Path]) -> None:
-    params = dict(model.named_parameters())
+def _shape(lazy: Any) -> tuple[int, ...]:
+    return tuple(lazy.get_shape() if hasattr(lazy, "get_shape") else lazy.shape)
+
+
+def _read_shard(shard: Shard, load: Callable[[], torch.Tensor], lazy: Callable[[], Any], rank: int,
+                tp: int) -> torch.Tensor:
+    if shard.rank0_only:
+        return load() if rank == 0 else torch.zeros(shard.full_shape)
+    return shard.take(lazy(), rank, tp)
+
+
+def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | None = None, rank: int = 0,
+                 tp: int = 1) -> None:
+    """Fill every parameter from the checkpoint; a sharded one (`shards`, for `rank` of `tp`) reads only its part."""
+    params, shards = dict(model.named_parameters()), shards or {}
     loaded, unexpected = set(), []
     for path in files:
-        for name, load in read_tensors(path):
+        for name, load, lazy in read_tensors(path):
             target = None if name.endswith(IGNORED_SUFFIXES) else model.checkpoint_name(name)
             if target is None:
                 continue
             if target not in params:
                 unexpected.append(name)
                 continue
-            tensor, param = load(), params[target]
-            if tuple(tensor.shape) != tuple(param.shape):
+            param, shard = params[target], shards.get(target)
+            expected = shard.full_shape if shard is not None else tuple(param.shape)
+            shape = _shape(lazy()) if shard is not None else tuple((tensor := load()).shape)
+            if shape != tuple(expected):
                 raise CheckpointError(
-                    f"{name}: the checkpoint has shape {tuple(tensor.shape)} but the model expects "
-                    f"{tuple(param.shape)}; does config.json match the weights?"
+                    f"{name}: the checkpoint has shape {shape} but the model expects "
+                    f"{tuple(expected)}; does config.json match the weights?"
                 )
+            if shard is not None:
+                tensor = _read_shard(shard, load, lazy, rank, tp)
             with torch.no_grad():
                 param.copy_(tensor)
             loaded.add(target)

@@ -188,7 +188,9 @@ def format_report(r: dict[str, Any]) -> str:
     if r["mamba"]:
         m = r["mamba"]
         states = " + ".join(f"{tuple(s)} {d}" for s, d in zip(m["shapes"], m["dtypes"]))
-        lines.append(f"{m['name']:<14} {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
+        # The kind leads the value, not the label: "gated-deltanet state" would not fit the label column.
+        kind = m["name"].removesuffix(" state")
+        lines.append(f"state          {kind}: {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
         lines.append(f"state dtype    {m['state_dtype']} ({m['state_dtype_from']})")
     lines.extend(_format_pages(r))
     return "\n".join(lines)

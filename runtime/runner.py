@@ -39,6 +39,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 @dataclass
+class PromptLogits:
+    """Logits at a prompt chunk's positions start, start + 1, ...: each predicts the prompt token after it."""
+
+    seq: Sequence
+    start: int
+    logits: torch.Tensor
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -81,13 +90,19 @@ class ModelRunner:
             useful *= 2
         return max(1, min(by_memory, useful))
 
-    @torch.inference_mode()
     def execute(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that get a new token and their logits (float32)."""
-        step = self.prepare(batch)
-        with forward_context(step.context):
-            hidden = self.model(step.input_ids, step.positions)
-        return step.sample_seqs, self.model.compute_logits(hidden[step.logits_indices])
+        seqs, logits, _ = self.run(batch)
+        return seqs, logits
+
+    def run(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
+        """`execute`, and the logits of the prompt positions whose requests want prompt logprobs."""
+        plan, sample_seqs, prompt_seqs = plan_step(batch, self.layout.num_attention_groups,
+                                                   self.layout.num_state_groups)
+        return split_logits(self.execute_plan(plan), plan, sample_seqs, prompt_seqs)
+
+    def shutdown(self) -> None:
+        """Nothing to release on one device (a tensor-parallel runner frees the other ranks' shards)."""
 
     @torch.inference_mode()
     def copy_pages(self, copies: list[tuple[int, int]]) -> None:
@@ -96,57 +111,113 @@ class ModelRunner:
             self.pool[destination].copy_(self.pool[source])
 
     def prepare(self, batch: Batch) -> StepInputs:
-        order = sorted(range(len(batch.seqs)), key=lambda i: not _is_decode(batch.seqs[i], batch.num_new_tokens[i]))
-        seqs = [batch.seqs[i] for i in order]
-        counts = [batch.num_new_tokens[i] for i in order]
-        starts = [seq.num_computed_tokens for seq in seqs]
-        num_decodes = sum(_is_decode(seq, n) for seq, n in zip(seqs, counts))
-        input_ids, positions, logits_indices, sample_seqs = [], [], [], []
-        for seq, start, n in zip(seqs, starts, counts):
-            input_ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            if start + n == seq.num_tokens:
-                logits_indices.append(len(input_ids) - 1)
-                sample_seqs.append(seq)
-        context = self._context(seqs, starts, counts, num_decodes, len(input_ids))
-        as_long = dict(dtype=torch.long, device=self.device)
-        return StepInputs(torch.tensor(input_ids, **as_long), torch.tensor(positions, **as_long), context,
-                          torch.tensor(logits_indices, **as_long), sample_seqs)
+        plan, sample_seqs, _ = plan_step(batch, self.layout.num_attention_groups, self.layout.num_state_groups)
+        return self.inputs(plan, sample_seqs)
 
-    def _context(self, seqs, starts, counts, num_decodes, num_tokens) -> ForwardContext:
+    def inputs(self, plan: StepPlan, sample_seqs: list[Sequence]) -> StepInputs:
+        """The step's tensors, from its plan (every tensor-parallel rank builds them from the same plan)."""
+        as_long = dict(dtype=torch.long, device=self.device)
+        return StepInputs(torch.tensor(plan.input_ids, **as_long), torch.tensor(plan.positions, **as_long),
+                          self._context(plan), torch.tensor(plan.logits_indices, **as_long), sample_seqs)
+
+    @torch.inference_mode()
+    def execute_plan(self, plan: StepPlan) -> torch.Tensor:
+        """Logits of the sampled rows, then of each prompt chunk in `plan.prompt_rows`."""
+        step = self.inputs(plan, [])
+        with forward_context(step.context):
+            hidden = self.model(step.input_ids, step.positions)
+        rows = [step.logits_indices] + [torch.arange(row, row + n, device=self.device)
+                                        for _, row, n in plan.prompt_rows]
+        return self.model.compute_logits(hidden[torch.cat(rows)])
+
+    def _context(self, plan: StepPlan) -> ForwardContext:
         layout, device = self.layout, self.device
+        counts, starts, num_decodes = plan.counts, plan.starts, plan.num_decodes
         attention, block_tables, slot_mappings = None, (), ()
         if layout.block_size:
             seq_lens = [start + n for start, n in zip(starts, counts)]
             attention = build_attention_metadata(counts, seq_lens, device)
-            block_tables = tuple(self._block_table(seqs, g) for g in range(layout.num_attention_groups))
-            slot_mappings = tuple(self._slot_mapping(seqs, starts, counts, g)
-                                  for g in range(layout.num_attention_groups))
+            block_tables = tuple(self._block_table(tables) for tables in plan.block_tables)
+            slot_mappings = tuple(self._slot_mapping(tables, starts, counts) for tables in plan.block_tables)
         mamba_prefill, decode_idx, prefill_idx = None, (), ()
         if layout.mamba is not None:
-            if num_decodes < len(seqs):
+            if num_decodes < len(counts):
                 mamba_prefill = build_mamba_prefill_metadata(counts[num_decodes:], starts[num_decodes:],
                                                              self.chunk_size, device)
-            pages = [torch.tensor([seq.state_pages[g] for seq in seqs], dtype=torch.long, device=device)
-                     for g in range(layout.num_state_groups)]
+            pages = [torch.tensor(group, dtype=torch.long, device=device) for group in plan.state_pages]
             decode_idx = tuple(p[:num_decodes] for p in pages)
             prefill_idx = tuple(p[num_decodes:] for p in pages)
-        return ForwardContext(num_decodes, num_tokens - num_decodes, attention, block_tables, slot_mappings,
-                              mamba_prefill, decode_idx, prefill_idx)
+        return ForwardContext(num_decodes, len(plan.input_ids) - num_decodes, attention, block_tables,
+                              slot_mappings, mamba_prefill, decode_idx, prefill_idx)
 
-    def _block_table(self, seqs: list[Sequence], group: int) -> torch.Tensor:
-        width = max(len(seq.block_tables[group]) for seq in seqs)
-        rows = [seq.block_tables[group] + [0] * (width - len(seq.block_tables[group])) for seq in seqs]
+    def _block_table(self, tables: list[list[int]]) -> torch.Tensor:
+        width = max(len(table) for table in tables)
+        rows = [table + [0] * (width - len(table)) for table in tables]
         return torch.tensor(rows, dtype=torch.int32, device=self.device)
 
-    def _slot_mapping(self, seqs, starts, counts, group: int) -> torch.Tensor:
+    def _slot_mapping(self, tables: list[list[int]], starts: list[int], counts: list[int]) -> torch.Tensor:
         size = self.layout.block_size
         slots = [
-            seq.block_tables[group][p // size] * size + p % size
-            for seq, start, n in zip(seqs, starts, counts)
+            table[p // size] * size + p % size
+            for table, start, n in zip(tables, starts, counts)
             for p in range(start, start + n)
         ]
         return torch.tensor(slots, dtype=torch.long, device=self.device)
+
+
+@dataclass
+class StepPlan:
+    """One step as plain Python: all a rank needs to run it (picklable, so rank 0 can send it to the others)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    logits_indices: list[int]
+    counts: list[int]  # new tokens per sequence, decodes first
+    starts: list[int]  # tokens already computed per sequence
+    num_decodes: int
+    block_tables: list[list[list[int]]]  # per attention group, per sequence: page ids
+    state_pages: list[list[int]]  # per state group, per sequence: the state page id
+    # (first position, first row in input_ids, count) of the prompt positions whose logits
+    # SamplingParams.prompt_logprobs asks for.
+    prompt_rows: list[tuple[int, int, int]]
+
+
+def plan_step(batch: Batch, num_attention_groups: int,
+              num_state_groups: int) -> tuple[StepPlan, list[Sequence], list[Sequence]]:
+    """The step's plan, the sequences whose next token it produces (in logits order), and the sequence
+    of each of the plan's prompt rows."""
+    order = sorted(range(len(batch.seqs)), key=lambda i: not _is_decode(batch.seqs[i], batch.num_new_tokens[i]))
+    seqs = [batch.seqs[i] for i in order]
+    counts = [batch.num_new_tokens[i] for i in order]
+    starts = [seq.num_computed_tokens for seq in seqs]
+    num_decodes = sum(_is_decode(seq, n) for seq, n in zip(seqs, counts))
+    input_ids, positions, logits_indices, sample_seqs, prompt_rows, prompt_seqs = [], [], [], [], [], []
+    for seq, start, n in zip(seqs, starts, counts):
+        # Positions before the prompt's last one each predict a prompt token.
+        num_prompt = min(start + n, len(seq.prompt_token_ids) - 1) - start
+        if seq.params.prompt_logprobs is not None and num_prompt > 0:
+            prompt_rows.append((start, len(input_ids), num_prompt))
+            prompt_seqs.append(seq)
+        input_ids.extend(seq.token_ids[start : start + n])
+        positions.extend(range(start, start + n))
+        if start + n == seq.num_tokens:
+            logits_indices.append(len(input_ids) - 1)
+            sample_seqs.append(seq)
+    block_tables = [[list(seq.block_tables[g]) for seq in seqs] for g in range(num_attention_groups)]
+    state_pages = [[seq.state_pages[g] for seq in seqs] for g in range(num_state_groups)]
+    plan = StepPlan(input_ids, positions, logits_indices, counts, starts, num_decodes, block_tables, state_pages,
+                    prompt_rows)
+    return plan, sample_seqs, prompt_seqs
+
+
+def split_logits(logits: torch.Tensor, plan: StepPlan, sample_seqs: list[Sequence],
+                 prompt_seqs: list[Sequence]) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
+    """`execute_plan`'s logits as the sampled sequences' rows and each prompt chunk's."""
+    num_sampled = len(sample_seqs)
+    chunks = logits[num_sampled:].split([n for *_, n in plan.prompt_rows])
+    prompt_logits = [PromptLogits(seq, start, chunk)
+                     for seq, (start, _, _), chunk in zip(prompt_seqs, plan.prompt_rows, chunks)]
+    return sample_seqs, logits[:num_sampled], prompt_logits
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:

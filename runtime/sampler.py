@@ -1,4 +1,5 @@
-"""Turning last-token logits into next tokens: greedy, temperature, top-k, top-p, seeds, logprobs."""
+"""Turning last-token logits into next tokens, as vLLM's sampler: the logits processors
+(runtime/logits_processors.py), greedy or temperature, min_p, top-k, top-p, per-request seeds, logprobs."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime import logits_processors
+from runtime.outputs import Logprob
 from runtime.sampling_params import SamplingParams
 
 
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    # Per sequence, {token id: logprob} of the top-N tokens and the sampled one; None when not asked for.
-    logprobs: list[dict[int, float] | None]
+    # Per sequence, {token id: Logprob} of the top-N tokens and the sampled one (decoded_token unset);
+    # None when not asked for.
+    logprobs: list[dict[int, Logprob] | None]
     sampled_logprobs: list[float | None]
 
 
@@ -33,6 +37,18 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def top_logprobs(logprobs: torch.Tensor, num: int, chosen: int) -> dict[int, Logprob]:
+    """{token id: Logprob} of the chosen token (first, as vLLM) and the `num` most likely ones, from one
+    row of log-probabilities."""
+    rank = int((logprobs >= logprobs[chosen]).sum())
+    out = {chosen: Logprob(logprobs[chosen].item(), rank)}
+    if num:
+        values, ids = logprobs.topk(num)
+        for r, (token, value) in enumerate(zip(ids.tolist(), values.tolist()), start=1):
+            out.setdefault(token, Logprob(value, r))
+    return out
+
+
 class SamplingError(ValueError):
     """One request's values make its distribution impossible to sample; the engine fails that request alone."""
 
@@ -44,28 +60,34 @@ class Sampler:
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
         banned_token_ids: list[list[int]],
+        histories: list[tuple[list[int], list[int]]] | None = None,
     ) -> SamplerOutput:
-        # A copy: the model's logits are inference tensors, which the bans below may not write into.
+        """`histories`: per row, (prompt token ids, output token ids so far), for the penalties."""
+        # A copy: the model's logits are inference tensors, which the processors below may not write into.
         logits = logits.to(torch.float32, copy=True)
-        for row, banned in enumerate(banned_token_ids):
-            if banned:
-                logits[row, banned] = float("-inf")
+        # Log-probabilities of the model's own distribution, before any processing (vLLM's raw_logprobs).
+        raw = logits.log_softmax(dim=-1) if any(p.logprobs is not None for p in params) else None
+        logits_processors.process(logits, params, banned_token_ids, histories or [([], [])] * len(params))
         token_ids = logits.argmax(dim=-1)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sampled_rows:
             token_ids[sampled_rows] = self._sample(logits[sampled_rows], [params[i] for i in sampled_rows],
                                                    [generators[i] for i in sampled_rows])
         token_list = token_ids.tolist()
-        logprobs, sampled = self._logprobs(logits, params, token_list)
+        logprobs, sampled = self._logprobs(raw, params, token_list)
         return SamplerOutput(token_list, logprobs, sampled)
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator | None]) -> torch.Tensor:
         device = logits.device
         temperature = torch.tensor([p.temperature for p in params], device=device)
-        top_k = torch.tensor([p.top_k for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        logits = _filter_top_k_top_p(logits / temperature[:, None], top_k, top_p)
+        logits = logits / temperature[:, None]
+        logits_processors.apply_min_p(logits, params)
+        # The filters sort the whole vocabulary: only when some request asks for one (as vLLM).
+        if any(p.top_k > 0 or p.top_p < 1 for p in params):
+            top_k = torch.tensor([p.top_k for p in params], device=device)
+            top_p = torch.tensor([p.top_p for p in params], device=device)
+            logits = _filter_top_k_top_p(logits, top_k, top_p)
         probs = logits.softmax(dim=-1)
         # multinomial on inf/nan fails on the CPU and may assert (killing the device) on CUDA: refuse first.
         bad = ~(probs.isfinite().all(dim=-1) & (probs.sum(dim=-1) > 0))
@@ -78,21 +100,12 @@ class Sampler:
             for row, generator in zip(probs, generators)
         ])
 
-    def _logprobs(self, logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int]):
-        wanted = [p.logprobs is not None for p in params]
-        if not any(wanted):
+    def _logprobs(self, raw: torch.Tensor | None, params: list[SamplingParams], token_ids: list[int]):
+        if raw is None:
             return [None] * len(params), [None] * len(params)
-        # Log-probabilities of the model's distribution, before temperature and filtering (as vLLM).
-        logprobs = logits.log_softmax(dim=-1)
         tops, sampled = [], []
         for row, (p, token) in enumerate(zip(params, token_ids)):
-            if p.logprobs is None:
-                tops.append(None)
-                sampled.append(None)
-                continue
-            values, ids = logprobs[row].topk(p.logprobs) if p.logprobs else (logprobs[row][:0], logprobs[row][:0])
-            top = dict(zip(ids.tolist(), values.tolist()))
-            top[token] = logprobs[row, token].item()
+            top = top_logprobs(raw[row], p.logprobs, token) if p.logprobs is not None else None
             tops.append(top)
-            sampled.append(top[token])
+            sampled.append(top[token].logprob if top is not None else None)
         return tops, sampled

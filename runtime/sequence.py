@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from runtime.outputs import Logprob
 from runtime.sampling_params import SamplingParams
 
 
@@ -37,8 +38,13 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
     num_cached_tokens: int = 0
-    # Per generated token: {token id: logprob}, when logprobs were requested.
-    logprobs: list[dict[int, float]] = field(default_factory=list)
+    # Per generated token: {token id: Logprob}, when logprobs were requested.
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    # With params.prompt_logprobs: per prompt token so far, the first None (it has nothing before it).
+    prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=list)
+    # With SamplingParams.n > 1 each sample is a sequence of its own: the request it belongs to and its index.
+    parent_id: str | None = None
+    index: int = 0
     cumulative_logprob: float = 0.0
     # Set when a stop string cut the text; otherwise the text is decoded from output_token_ids.
     text: str | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from runtime.cli import examples
 from runtime.config import EngineConfig
+from runtime.distributed.env import torchrun_rank
 from runtime.options import parse_size
 from runtime.plan import add_engine_arguments, engine_options
 
@@ -125,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     check_server_options(args)
     limits, key = server_limits(args), api_key(args)
     model_name = args.served_model_name or config.model_dir.resolve().name
+    if config.tensor_parallel_size > 1 and torchrun_rank() > 0:
+        from runtime.distributed.runner import serve_torchrun_rank
+
+        return serve_torchrun_rank(config)  # rank 0 alone listens; the others run its steps
     sock = bind(args.host, args.port)
     try:
         server = build_server(config, args, model_name, limits, key)
@@ -149,6 +154,7 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
 
     from runtime.engine import Engine
     from runtime.loader import load_tokenizer
+    from runtime.sampling_params import generation_defaults
     from runtime.server.app import GracefulServer, build_app
     from runtime.server.async_engine import AsyncEngine
     from runtime.server.state import ServerState
@@ -171,6 +177,7 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
         max_model_len=engine.max_model_len,
         limits=limits,
         api_key=key,
+        sampling_defaults=generation_defaults(config.model_dir),
     )
     return GracefulServer(build_app(state, enable_openapi=args.enable_openapi), args.host, args.port,
                           args.shutdown_timeout, log_level="info" if args.verbose else "warning")

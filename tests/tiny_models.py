@@ -216,3 +216,46 @@ def build_family_model(name: str, directory: Path, tokenizer_dir: Path, dtype=to
     for path in tokenizer_dir.iterdir():
         (directory / path.name).write_bytes(path.read_bytes())
     return model
+
+
+# Gated DeltaNet families (issue 17, second part). Gated DeltaNet layers around gated attention; every norm
+# weight, dt_bias and A_log redrawn by `randomize`. Value heads are twice the key heads and the value head
+# is narrower than the key head, so that a swapped head or layout changes the tokens.
+GATED_DELTANET = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                      linear_value_head_dim=8, linear_conv_kernel_dim=4)
+DELTANET_CONFIGS = {
+    # Experts with a gated shared expert in every layer but the MLP-only layer 2; partial rotary (0.25).
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
+        COMMON, **dict(ATTENTION, head_dim=16), **GATED_DELTANET, num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        mlp_only_layers=[2])),
+    # Unfused Gated DeltaNet projections and a dense MLP.
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(
+        COMMON, **dict(ATTENTION, head_dim=16), **GATED_DELTANET, num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])),
+    # Experts with a gated shared expert in every layer; attention placed by the default interval of 4.
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
+        COMMON, **dict(ATTENTION, head_dim=16), **GATED_DELTANET, num_hidden_layers=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)),
+    # Separate projections and convs, an output gate, doubled beta (negative eigenvalues), OLMo-3 attention
+    # with whole-projection q/k norms; attention in layers 1 and 3.
+    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
+        COMMON, **ATTENTION, **GATED_DELTANET, num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])),
+}
+
+
+def build_deltanet_model(name: str, directory: Path, tokenizer_dir: Path, dtype=torch.float32, seed: int = 0,
+                         **overrides):
+    """build_model for DELTANET_CONFIGS."""
+    config_class, model_class, kwargs = DELTANET_CONFIGS[name]
+    config = getattr(transformers, config_class)(**{**kwargs, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config)
+    randomize(model, seed)
+    model = model.to(dtype).eval()
+    model.save_pretrained(directory)
+    for path in tokenizer_dir.iterdir():
+        (directory / path.name).write_bytes(path.read_bytes())
+    return model

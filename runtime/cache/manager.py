@@ -67,7 +67,10 @@ class CacheManager:
     # Admission: a sequence with no pages, which may start from a cached prefix ----------------
 
     def lookup(self, seq: Sequence) -> Hit:
-        return self.prefix.lookup(seq) if self.prefix is not None else Hit()
+        # Prompt logprobs need the logits of every prompt position, so such a prompt is computed whole (as vLLM).
+        if self.prefix is None or seq.params.prompt_logprobs is not None:
+            return Hit()
+        return self.prefix.lookup(seq)
 
     def can_admit(self, seq: Sequence, hit: Hit, num_new_tokens: int) -> bool:
         assert not seq.has_pages and seq.num_computed_tokens == 0

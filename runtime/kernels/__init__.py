@@ -29,6 +29,12 @@ from runtime.kernels.causal_conv1d import (
     causal_conv1d_update_ref,
     causal_conv1d_update_triton,
 )
+from runtime.kernels.gated_delta_rule import (
+    gated_delta_rule_fn_ref,
+    gated_delta_rule_fn_triton,
+    gated_delta_rule_update_ref,
+    gated_delta_rule_update_triton,
+)
 from runtime.kernels.kv_cache import store_kv_ref, store_kv_triton
 from runtime.kernels.metadata import (
     AttentionMetadata,
@@ -70,6 +76,8 @@ IMPLEMENTATIONS = {
     "selective_state_update_mamba1": (selective_state_update_mamba1_ref, selective_state_update_mamba1_triton),
     "short_conv_fn": (short_conv_fn_ref, short_conv_fn_triton),
     "short_conv_update": (short_conv_update_ref, short_conv_update_triton),
+    "gated_delta_rule_fn": (gated_delta_rule_fn_ref, gated_delta_rule_fn_triton),
+    "gated_delta_rule_update": (gated_delta_rule_update_ref, gated_delta_rule_update_triton),
 }
 
 backend = "torch"  # the references, until an engine binds
@@ -86,6 +94,8 @@ selective_scan = selective_scan_ref
 selective_state_update_mamba1 = selective_state_update_mamba1_ref
 short_conv_fn = short_conv_fn_ref
 short_conv_update = short_conv_update_ref
+gated_delta_rule_fn = gated_delta_rule_fn_ref
+gated_delta_rule_update = gated_delta_rule_update_ref
 
 
 def resolve_backend(requested: str, device: torch.device) -> str:

@@ -6,7 +6,7 @@ from runtime.models.interface import Capabilities, Feature, Support, planned, su
 
 ON_ENGINE = supported()
 NOT_ON_ENGINE = planned("The forward pass has not landed on the engine yet.")
-SINGLE_DEVICE = planned("`tandem plan --tp N` computes per-rank shapes; the engine runs on one device.")
+SINGLE_DEVICE = planned("`tandem plan --tp N` computes per-rank shapes, but these layers are not split over ranks yet.")
 NO_PREFIX_CACHING = planned("Prefix caching is not implemented; the block-size resolver already accounts for it.")
 NO_CUDA_GRAPHS = planned("Decode runs eagerly; CUDA graph capture is not implemented.")
 

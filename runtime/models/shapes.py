@@ -11,11 +11,15 @@ from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.interface import AttentionShape
 
 
+def divisors(value: int) -> str:
+    return ", ".join(str(d) for d in range(1, value + 1) if value % d == 0)
+
+
 def _require_divisible(model: str, field: str, value: int, tp: int) -> None:
     if value % tp:
         raise ConfigError(
             f"{model}: {field}={value} is not divisible by tensor_parallel_size={tp}; "
-            f"choose a tensor-parallel size that divides {value}"
+            f"tensor-parallel sizes that divide it: {divisors(value)}"
         )
 
 
@@ -25,7 +29,8 @@ def padded_groups(model: str, n_groups: int, tp: int) -> int:
     if n_groups != 1:
         raise ConfigError(
             f"{model}: n_groups={n_groups} is not divisible by tensor_parallel_size={tp} "
-            "(only a single group can be replicated across ranks)"
+            f"(only a single group can be replicated across ranks); tensor-parallel sizes that divide it: "
+            f"{divisors(n_groups)}"
         )
     return tp  # one group, copied to every rank
 

@@ -194,7 +194,7 @@ class AsyncEngine:
                 self._rejected += 1
                 raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests, the --max-waiting limit); "
                                 "retry later")
-            self._check_stop_token_ids(params)
+            self._check_token_ids(params)
             self.engine.add_request(prompt, params, handle.request_id, stream=stream)
         except Exception as err:
             handle.settle(err)
@@ -202,14 +202,14 @@ class AsyncEngine:
         self._handles[handle.request_id] = handle
         handle.settle(None)
 
-    def _check_stop_token_ids(self, params: SamplingParams) -> None:
-        # The engine bans stop tokens by indexing the logits: an id outside the vocabulary would fail
-        # the step for every request in it.
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        # The sampler indexes the logits with these ids: one outside the vocabulary would fail the step
+        # for every request in it. The engine checks them too; here the error names the request's field.
         vocab = self.engine.vocab_size
-        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidField(f"stop_token_ids: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
-                               "stop_token_ids")
+        for name, ids in params.token_ids_to_check().items():
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidField(f"{name}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", name)
 
     def _abort(self, request_id: str) -> None:
         if self._handles.pop(request_id, None) is not None:

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
+from runtime.sampling_params import SamplingParams
 from runtime.server.async_engine import RequestHandle
-from runtime.server.logprobs import chat_logprobs
+from runtime.server.logprobs import chat_logprobs, prompt_logprobs_json
 from runtime.server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -39,48 +40,62 @@ async def render_prompt(state: ServerState, body: ChatCompletionRequest) -> dict
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
     state.check_request(body)
-    params = body.sampling_params()
+    params = body.sampling_params(state.sampling_defaults)
     state.limits.check_stop(params.stop)
     prompt = await render_prompt(state, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     handle = await state.engine.add(prompt, params, request_id, stream=body.stream)
     if body.stream:
-        return EventStream(guarded(_chunks(state, body, handle, TextDeltas(params.stop)), handle))
+        return EventStream(guarded(_chunks(state, body, handle, params), handle))
     output = await result_unless_disconnected(request, handle)
     if output is None:
         return Response(status_code=499)  # nobody is there to read it
-    completion = output.outputs[0]
-    logprobs = None
-    if body.logprobs:
-        logprobs = chat_logprobs(state.tokenizer, completion.token_ids, completion.logprobs, body.top_logprobs or 0)
-    choice = ChatChoice(message=AssistantMessage(content=completion.text), logprobs=logprobs,
-                        finish_reason=completion.finish_reason)
+    choices = []
+    for completion in output.outputs:
+        logprobs = None
+        if body.logprobs:
+            logprobs = chat_logprobs(state.tokenizer, completion.token_ids, completion.logprobs,
+                                     body.top_logprobs or 0)
+        choices.append(ChatChoice(index=completion.index, message=AssistantMessage(content=completion.text),
+                                  logprobs=logprobs, finish_reason=completion.finish_reason,
+                                  stop_reason=completion.stop_reason))
     response = ChatCompletionResponse(id=request_id, created=int(time.time()), model=state.model_name,
-                                      choices=[choice], usage=Usage.of_output(output))
+                                      choices=choices, usage=Usage.of_output(output),
+                                      prompt_logprobs=prompt_logprobs_json(output.prompt_logprobs))
     return Response(response.model_dump_json(), media_type="application/json")
 
 
 async def _chunks(state: ServerState, body: ChatCompletionRequest, handle: RequestHandle,
-                  deltas: TextDeltas) -> AsyncIterator[str]:
+                  params: SamplingParams) -> AsyncIterator[str]:
     created = int(time.time())
 
     def chunk(choices: list[ChatStreamChoice], usage: Usage | None = None) -> str:
         return sse(ChatCompletionChunk(id=handle.request_id, created=created, model=state.model_name,
                                        choices=choices, usage=usage))
 
-    # As OpenAI: the first chunk names the role, with empty content.
-    yield chunk([ChatStreamChoice(delta=Delta(role="assistant", content=""))])
-    num_sent_tokens = 0
+    # As OpenAI: the first chunk of each choice names the role, with empty content.
+    for index in range(params.n):
+        yield chunk([ChatStreamChoice(index=index, delta=Delta(role="assistant", content=""))])
+    deltas = {index: TextDeltas(params.stop) for index in range(params.n)}
+    num_sent_tokens = dict.fromkeys(range(params.n), 0)
+    finished: set[int] = set()
     async for output in handle:
-        completion = output.outputs[0]
-        text = deltas.next(completion.text, output.finished)
-        logprobs = None
-        if body.logprobs and len(completion.token_ids) > num_sent_tokens:
-            logprobs = chat_logprobs(state.tokenizer, completion.token_ids[num_sent_tokens:],
-                                     completion.logprobs[num_sent_tokens:], body.top_logprobs or 0)
-            num_sent_tokens = len(completion.token_ids)
-        if text or logprobs or output.finished:
-            delta = Delta(content=text) if text else Delta()
-            yield chunk([ChatStreamChoice(delta=delta, logprobs=logprobs, finish_reason=completion.finish_reason)])
+        for completion in output.outputs:
+            index = completion.index
+            if index in finished:
+                continue
+            done = completion.finished()
+            text = deltas[index].next(completion.text, done)
+            logprobs = None
+            if body.logprobs and len(completion.token_ids) > num_sent_tokens[index]:
+                logprobs = chat_logprobs(state.tokenizer, completion.token_ids[num_sent_tokens[index]:],
+                                         completion.logprobs[num_sent_tokens[index]:], body.top_logprobs or 0)
+                num_sent_tokens[index] = len(completion.token_ids)
+            if text or logprobs or done:
+                delta = Delta(content=text) if text else Delta()
+                yield chunk([ChatStreamChoice(index=index, delta=delta, logprobs=logprobs,
+                                              finish_reason=completion.finish_reason if done else None)])
+            if done:
+                finished.add(index)
         if output.finished and body.include_usage:
             yield chunk([], Usage.of_output(output))

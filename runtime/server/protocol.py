@@ -1,7 +1,9 @@
 """The subset of OpenAI's API that Tandem serves, as pydantic models, and its mapping onto SamplingParams.
 
-Field names and defaults are OpenAI's; `top_k`, `min_tokens`, `stop_token_ids`, `ignore_eos`,
-`skip_special_tokens` and `include_stop_str_in_output` are vLLM's extensions, under vLLM's names.
+Field names and defaults are OpenAI's; `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
+`ignore_eos`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens` and `include_stop_str_in_output`
+are vLLM's extensions, under vLLM's names. Sampling fields left unset take the model's generation_config.json
+defaults, as vLLM's server does.
 """
 
 from __future__ import annotations
@@ -19,11 +21,7 @@ MAX_LOGPROBS = 20
 
 # OpenAI fields Tandem does not implement, with the values that mean "off"; anything else is refused.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "best_of": (None, 1),
-    "echo": (None, False),
     "suffix": (None, ""),
     "tools": (None, []),
     "response_format": (None, {"type": "text"}),
@@ -57,42 +55,61 @@ class SamplingRequest(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator takes
     stop: str | list[str] | None = None
     user: str | None = None
-    # vLLM's extensions.
-    top_k: int | None = None
-    min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    # Accepted only at their "off" values (UNSUPPORTED).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    # vLLM's extensions.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """SamplingParams for this request; a bad value raises ValueError naming the field."""
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
+                         defaults: dict[str, Any]) -> SamplingParams:
+        """SamplingParams for this request; a bad value raises ValueError naming the field. `defaults` (the
+        model's generation_config.json) fill the sampling fields the request leaves unset."""
         for name, off in UNSUPPORTED.items():
             if getattr(self, name, None) not in off:
                 raise InvalidField(f"{name} is not supported by this server; leave it unset", name)
-        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-            raise InvalidField(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", "logprobs")
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise InvalidField(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", name)
         try:
-            return self._to_sampling_params(max_tokens, logprobs)
+            return self._to_sampling_params(max_tokens, logprobs, prompt_logprobs, defaults)
         except ValueError as err:
             # SamplingParams' messages start with the field's name: "top_p must be in (0, 1], got 0.0".
-            name = re.split(r"[ =]", str(err), maxsplit=1)[0]
+            name = re.split(r"[ =:]", str(err), maxsplit=1)[0]
             raise InvalidField(str(err), name if name in type(self).model_fields else None) from None
 
-    def _to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
+                            defaults: dict[str, Any]) -> SamplingParams:
+        def pick(name: str, default: Any) -> Any:
+            value = getattr(self, name)
+            return value if value is not None else defaults.get(name, default)
+
+        if "max_tokens" in defaults:
+            # As vLLM's server: the model's max_new_tokens caps what a request may ask for.
+            max_tokens = defaults["max_tokens"] if max_tokens is None else min(max_tokens, defaults["max_tokens"])
+
         return SamplingParams(
             n=self.n,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k is None else self.top_k,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=pick("repetition_penalty", 1.0),
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", 0),
+            min_p=pick("min_p", 0.0),
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -100,8 +117,11 @@ class SamplingRequest(BaseModel):
             stop_token_ids=self.stop_token_ids or (),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=self.logit_bias,
+            allowed_token_ids=self.allowed_token_ids,
         )
 
 
@@ -113,26 +133,51 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = 16  # OpenAI's default; null means "until the context is full"
     logprobs: int | None = None
     best_of: int | None = None
-    echo: bool | None = None
+    echo: bool = False
     suffix: str | None = None
 
-    def sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.max_tokens, self.logprobs)
+    @property
+    def echo_only(self) -> bool:
+        """`echo` with `max_tokens: 0`: the prompt (and its logprobs) back, nothing generated."""
+        return self.echo and self.max_tokens == 0
 
-    def engine_prompt(self) -> str | dict[str, list[int]]:
-        """The one prompt, as text or as token ids; a batch of prompts is refused."""
+    def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
+        # As vLLM: echo asks for the prompt's logprobs too, and max_tokens 0 with echo generates one
+        # token that the response leaves out.
+        prompt_logprobs = self.prompt_logprobs if self.prompt_logprobs is not None else \
+            (self.logprobs if self.echo else None)
+        max_tokens = 1 if self.echo_only else self.max_tokens
+        return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs, defaults or {})
+
+    def engine_prompts(self) -> list[str | dict[str, list[int]]]:
+        """The prompts, each as text or as token ids."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise InvalidField(f"prompt holds {len(prompt)} prompts; send one request per prompt", "prompt")
-            prompt = prompt[0]
-        return prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        if not prompts:
+            raise InvalidField("prompt is an empty list; send at least one prompt", "prompt")
+        return [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+
+
+class LogprobJSON(BaseModel):
+    """vLLM's Logprob, as its server writes prompt_logprobs."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per prompt token, {token id: Logprob} (the first None), as vLLM's `prompt_logprobs` field.
+PromptLogprobsJSON = list[dict[int, LogprobJSON] | None]
 
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    # None for the first prompt token when the prompt is echoed: nothing comes before it.
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 
@@ -141,6 +186,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobsJSON | None = None
 
 
 class Usage(BaseModel):
@@ -155,7 +202,7 @@ class Usage(BaseModel):
 
     @classmethod
     def of_output(cls, output: RequestOutput) -> Usage:
-        return cls.of(len(output.prompt_token_ids), len(output.outputs[0].token_ids))
+        return cls.of(len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs))
 
 
 class CompletionResponse(BaseModel):
@@ -204,14 +251,15 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidField("top_logprobs needs logprobs: true", "top_logprobs")
         if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
             raise InvalidField(f"max_completion_tokens must be at least 1, got {self.max_completion_tokens}",
                                "max_completion_tokens")
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+        return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None,
+                                     self.prompt_logprobs, defaults or {})
 
 
 class TopLogprob(BaseModel):
@@ -238,6 +286,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -247,6 +296,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobsJSON | None = None
 
 
 class Delta(BaseModel):

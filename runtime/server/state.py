@@ -25,6 +25,8 @@ class ServerState:
     max_model_len: int
     limits: ServerLimits = ServerLimits()
     api_key: str | None = None
+    # The model's generation_config.json sampling defaults, for the fields a request leaves unset (as vLLM).
+    sampling_defaults: dict = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
     # Responses by (method, route, status code), for /metrics; touched by the event loop only.
     http_responses: Counter = field(default_factory=Counter)

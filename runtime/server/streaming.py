@@ -46,8 +46,9 @@ class EventStream(StreamingResponse):
             await self.events.aclose()
 
 
-async def guarded(events: AsyncIterator[str], handle: RequestHandle) -> AsyncIterator[str]:
-    """`events`, then [DONE]; an error mid-stream becomes an error event, and an early end aborts the request."""
+async def guarded(events: AsyncIterator[str], handle: RequestHandle | list[RequestHandle]) -> AsyncIterator[str]:
+    """`events`, then [DONE]; an error mid-stream becomes an error event, and an early end aborts the requests."""
+    handles = handle if isinstance(handle, list) else [handle]
     try:
         async for event in events:
             yield event
@@ -57,11 +58,31 @@ async def guarded(events: AsyncIterator[str], handle: RequestHandle) -> AsyncIte
     except EngineFailed as err:
         yield sse(error_body(500, str(err), code="engine_error"))  # the engine thread has logged it
     except Exception as err:
-        logger.exception("request %s failed mid-stream", handle.request_id)
+        logger.exception("request %s failed mid-stream", handles[0].request_id)
         yield sse(error_body(500, f"internal server error: {type(err).__name__}: {err}", code="internal_error"))
     finally:
-        handle.abort()
+        for each in handles:
+            each.abort()
     yield DONE
+
+
+async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(index of the handle, output) from every handle, as the outputs arrive."""
+    pending = {asyncio.ensure_future(handle.__anext__()): i for i, handle in enumerate(handles)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                i = pending.pop(task)
+                try:
+                    output = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, output
+                pending[asyncio.ensure_future(handles[i].__anext__())] = i
+    finally:
+        for task in pending:
+            task.cancel()
 
 
 class TextDeltas:
@@ -96,7 +117,17 @@ async def _disconnected(request: Request) -> None:
 
 async def result_unless_disconnected(request: Request, handle: RequestHandle) -> RequestOutput | None:
     """The request's final output, or None (and the request aborted) if the client leaves first."""
-    result = asyncio.ensure_future(handle.result())
+    results = await results_unless_disconnected(request, [handle])
+    return results[0] if results is not None else None
+
+
+async def results_unless_disconnected(request: Request, handles: list[RequestHandle]) -> list[RequestOutput] | None:
+    """Each request's final output, or None (and every request aborted) if the client leaves first."""
+
+    async def all_results() -> list[RequestOutput]:
+        return list(await asyncio.gather(*(handle.result() for handle in handles)))
+
+    result = asyncio.ensure_future(all_results())
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -104,5 +135,7 @@ async def result_unless_disconnected(request: Request, handle: RequestHandle) ->
         gone.cancel()
         if not result.done():
             result.cancel()
-            handle.abort()
+        if not result.done() or result.cancelled() or result.exception() is not None:
+            for handle in handles:
+                handle.abort()
     return result.result() if result.done() and not result.cancelled() else None

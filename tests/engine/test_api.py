@@ -50,7 +50,7 @@ def test_bad_prompts(llm):
         llm.generate([{"prompt_token_ids": [1, 10**6]}], use_tqdm=False)
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate([{"text": "x"}], use_tqdm=False)
-    with pytest.raises(ValueError, match="stop token id 100000 is outside the vocabulary"):
+    with pytest.raises(ValueError, match="stop_token_ids: token id 100000 is outside the vocabulary"):
         llm.generate(["The"], SamplingParams(stop_token_ids=[100000]), use_tqdm=False)
     assert llm.engine.cache.num_free_pages == llm.engine.cache.num_pages
 
@@ -65,9 +65,15 @@ def test_a_pool_too_small_for_one_sequence_is_refused(tiny_checkpoint):
         LLM(tiny_checkpoint("llama")[0], max_model_len=512, num_pages=4)
 
 
-def test_an_unsupported_feature_is_refused_with_the_declarations_note(tiny_checkpoint):
-    # Prefix caching, refused here until issue 15, is supported now; tensor parallelism is still planned.
-    with pytest.raises(ValueError, match="does not support tensor parallelism .*engine runs on one device"):
+def test_an_unsupported_feature_is_refused_with_the_declarations_note(tiny_checkpoint, monkeypatch):
+    # Prefix caching (issue 15) and tensor parallelism (issue 16) are supported now: a declaration that
+    # still plans tensor parallelism is refused before any worker process starts, with its note.
+    from runtime.models.bamba.declaration import BambaForCausalLM
+    from runtime.models.common import ON_ENGINE, capabilities
+    from runtime.models.interface import supported
+
+    monkeypatch.setattr(BambaForCausalLM, "capabilities", capabilities(ON_ENGINE, chunked_prefill=supported()))
+    with pytest.raises(ValueError, match="does not support tensor parallelism .*not split over ranks yet"):
         LLM(tiny_checkpoint("bamba")[0], tensor_parallel_size=2)
 
 

@@ -117,7 +117,7 @@ def assert_matches_hf(outputs, hf, hf_reference, label, restarts=None):
 
 def assert_step_matches(top, token, expected, label):
     ids = sorted(top)
-    got = torch.tensor([top[t] for t in ids])
+    got = torch.tensor([top[t].logprob for t in ids])
     torch.testing.assert_close(got, expected[ids], atol=LOGPROB_ATOL, rtol=0, msg=lambda m: f"{label}: {m}")
     # The engine's top tokens are HF's top tokens (up to ties closer than the tolerance).
     assert len(top) >= TOP and token in top, label

@@ -9,7 +9,7 @@ the shared part, so a model with state resumes only where the cache chose to sna
 import random
 
 import pytest
-from tiny_models import FAMILY_CONFIGS, build_family_model
+from tiny_models import DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model
 
 from runtime import LLM, SamplingParams
 
@@ -31,11 +31,19 @@ VOCAB = 320  # tests/tiny_models.py
     pytest.param("lfm2", marks=pytest.mark.proves("Lfm2ForCausalLM", "prefix caching")),
     pytest.param("lfm2_moe", marks=pytest.mark.proves("Lfm2MoeForCausalLM", "prefix caching")),
     pytest.param("falcon_mamba", marks=pytest.mark.proves("FalconMambaForCausalLM", "prefix caching")),
+    pytest.param("qwen3_next", marks=pytest.mark.proves("Qwen3NextForCausalLM", "prefix caching")),
+    pytest.param("qwen3_5", marks=pytest.mark.proves("Qwen3_5ForCausalLM", "prefix caching")),
+    pytest.param("qwen3_5_moe", marks=pytest.mark.proves("Qwen3_5MoeForCausalLM", "prefix caching")),
+    pytest.param("olmo_hybrid", marks=pytest.mark.proves("OlmoHybridForCausalLM", "prefix caching")),
 ])
 def checkpoint(request, tiny_checkpoint, tmp_path_factory, tokenizer_dir):
     if request.param in FAMILY_CONFIGS:
         directory = tmp_path_factory.mktemp(request.param)
         build_family_model(request.param, directory, tokenizer_dir)
+        return directory
+    if request.param in DELTANET_CONFIGS:
+        directory = tmp_path_factory.mktemp(request.param)
+        build_deltanet_model(request.param, directory, tokenizer_dir)
         return directory
     return tiny_checkpoint(request.param)[0]
 

@@ -61,8 +61,8 @@ def test_logprobs(llm):
     assert len(out.logprobs) == 4
     for token, top in zip(out.token_ids, out.logprobs):
         assert token in top and len(top) == 3  # greedy: the sampled token is the top one
-        assert max(top.values()) == top[token] <= 0
-    assert math.isclose(out.cumulative_logprob, sum(top[t] for t, top in zip(out.token_ids, out.logprobs)),
+        assert max(lp.logprob for lp in top.values()) == top[token].logprob <= 0 and top[token].rank == 1
+    assert math.isclose(out.cumulative_logprob, sum(top[t].logprob for t, top in zip(out.token_ids, out.logprobs)),
                         rel_tol=1e-6)
 
 

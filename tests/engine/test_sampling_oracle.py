@@ -94,9 +94,9 @@ def test_seeded_tokens_are_multinomial_draws_from_hf_probabilities(llm, bamba, o
     for step, (token, top) in enumerate(zip(completion.token_ids, completion.logprobs)):
         assert token in top and len(top) >= 3
         ids = sorted(top)
-        torch.testing.assert_close(torch.tensor([top[t] for t in ids], dtype=torch.float64),
+        torch.testing.assert_close(torch.tensor([top[t].logprob for t in ids], dtype=torch.float64),
                                    logprobs[step, ids], atol=1e-4, rtol=0)
-    assert math.isclose(completion.cumulative_logprob, sum(lp[t] for t, lp in zip(completion.token_ids,
+    assert math.isclose(completion.cumulative_logprob, sum(lp[t].logprob for t, lp in zip(completion.token_ids,
                                                                                  completion.logprobs)), rel_tol=1e-6)
 
 

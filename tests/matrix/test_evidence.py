@@ -9,10 +9,10 @@ from runtime.models.bamba.declaration import BambaForCausalLM
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.interface import partial, supported
 from runtime.models.llama.declaration import LlamaForCausalLM
-from runtime.models.qwen3_next.declaration import Qwen3NextForCausalLM
+from runtime.models.minimax.declaration import MiniMaxForCausalLM
 
 PAGE = "docs/models/evidence.md"
-TP_NOTE = "Attention heads split across ranks; Mamba heads not yet."
+PP_NOTE = "Layers split across two stages only."
 
 
 def test_every_supported_cell_of_the_repository_is_proven():
@@ -29,8 +29,8 @@ def test_every_supported_cell_of_the_repository_is_proven():
     # A feature cell: LoRA flipped to supported with no LoRA code and no test (the example).
     (LlamaForCausalLM, dict(chunked_prefill=supported(), lora=supported()), ("LlamaForCausalLM", "LoRA"), "supported"),
     # A partial cell.
-    (BambaForCausalLM, dict(chunked_prefill=supported(), tensor_parallel=partial(TP_NOTE)),
-     ("BambaForCausalLM", "tensor parallel"), "partial"),
+    (BambaForCausalLM, dict(chunked_prefill=supported(), pipeline_parallel=partial(PP_NOTE)),
+     ("BambaForCausalLM", "pipeline parallel"), "partial"),
 ])
 def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, root, monkeypatch, model, overrides,
                                                                          cell, status):
@@ -57,14 +57,14 @@ def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, ro
 
 
 def test_an_engine_cell_flipped_to_supported_fails_the_check(cli, root, monkeypatch):
-    monkeypatch.setattr(Qwen3NextForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
-    monkeypatch.setattr(Qwen3NextForCausalLM, "capabilities", capabilities(ON_ENGINE))
+    monkeypatch.setattr(MiniMaxForCausalLM, "implementation", "runtime.models.llama.model:LlamaForCausalLM")
+    monkeypatch.setattr(MiniMaxForCausalLM, "capabilities", capabilities(ON_ENGINE))
     cli("render", "--root", str(root))
     ran = cli("check", "--root", str(root))
     assert ran.code == 1
-    assert ("Qwen3NextForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test "
-            'marked @pytest.mark.proves("Qwen3NextForCausalLM", "engine") or set the declaration to planned(...) in '
-            "runtime/models/qwen3_next/declaration.py") in ran.out
+    assert ("MiniMaxForCausalLM V1 (engine): the declaration says supported but no test proves it; add a test "
+            'marked @pytest.mark.proves("MiniMaxForCausalLM", "engine") or set the declaration to planned(...) in '
+            "runtime/models/minimax/declaration.py") in ran.out
 
 
 def remove_chunked_prefill_proofs(root):
@@ -107,7 +107,7 @@ def test_the_evidence_page_lists_the_tests_by_architecture_and_claim():
     assert "**Chunked prefill**: ✅ supported, 2 tests\n\n- `tests/engine/test_parity.py::" in bamba
     assert "- `tests/engine/test_scheduling.py::test_chunked_prefill_equals_one_shot`" in bamba
     assert "| [`BambaForCausalLM`](#bambaforcausallm) | ✅ " in page
-    assert "| `Qwen3NextForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
+    assert "| `MiniMaxForCausalLM` | 🚧 | 🚧 | 🚧 | 🚧 | 🚧 | ❌ | ❌ |" in page  # nothing claimed, nothing to list
 
 
 def test_an_unproven_cell_fails_the_strict_build(root, tmp_path):

@@ -23,5 +23,5 @@ def plan(*args: str) -> str:
 def test_plan_names_the_state_of_each_family(config, name, state):
     args = [str(CONFIGS / config), "--dtype", "bfloat16"]
     lines = [line for line in plan(*args).splitlines() if state in line]
-    assert len(lines) == 1 and lines[0].startswith(f"{name} ")
+    assert len(lines) == 1 and lines[0].startswith(f"state          {name.removesuffix(' state')}: ")
     assert json.loads(plan(*args, "--json"))["mamba"]["name"] == name

@@ -64,6 +64,6 @@ def test_chat_logprobs(client, offline, tokenizer, stream):
         content = client.chat.completions.create(**request).choices[0].logprobs.content
     assert len(content) == 5
     for entry, token_id, step in zip(content, expected.token_ids, expected.logprobs):
-        assert entry.logprob == pytest.approx(step[token_id], abs=1e-4)
+        assert entry.logprob == pytest.approx(step[token_id].logprob, abs=1e-4)
         assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)
         assert bytes(entry.bytes).decode("utf-8") == entry.token

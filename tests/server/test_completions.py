@@ -82,7 +82,7 @@ def test_logprobs_match_the_offline_ones(client, offline):
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 6
     for token_id, step, served, top in zip(expected.token_ids, expected.logprobs, logprobs.token_logprobs,
                                            logprobs.top_logprobs):
-        assert served == pytest.approx(step[token_id], abs=1e-4)
+        assert served == pytest.approx(step[token_id].logprob, abs=1e-4)
         assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(served, abs=1e-4)  # greedy: the top one
     assert "".join(logprobs.tokens) == choice.text
     assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(6)]

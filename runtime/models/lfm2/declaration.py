@@ -59,7 +59,8 @@ class Lfm2ForCausalLM(ModelDeclaration):
     example_models = ("LiquidAI/LFM2-700M", "LiquidAI/LFM2-1.2B")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.SHORT_CONV})
     state_name = "short-conv state"
-    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported())
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
+                                tensor_parallel=supported())
     implementation = "runtime.models.lfm2.model:Lfm2ForCausalLM"
     defaults = LFM2_DEFAULTS
 

@@ -27,7 +27,8 @@ class LlamaForCausalLM(ModelDeclaration):
     model_name = "Llama"
     example_models = ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B-Instruct")
     layer_kinds = frozenset({LayerKind.ATTENTION})
-    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported())
+    capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
+                                tensor_parallel=supported())
     implementation = "runtime.models.llama.model:LlamaForCausalLM"
     defaults = {"num_attention_heads": 32, "num_hidden_layers": 32, "hidden_size": 4096}
 

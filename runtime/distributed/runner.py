@@ -1,0 +1,118 @@
+"""Rank 0's model runner for a tensor-parallel engine: the engine sees one ModelRunner.
+
+Each step's plan (runtime.runner.StepPlan, plain Python) goes to every rank first; then every rank,
+this one included, builds the same inputs and runs its shard. The LM head's logits are gathered on
+every rank; rank 0 alone samples, and the next plan carries the tokens it chose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+from typing import Any
+
+import torch
+
+from runtime.cache.pool import allocate_pool, bind_pool
+from runtime.config import EngineConfig
+from runtime.distributed.env import local_rank
+from runtime.distributed.group import Group, backend_for, current, ensure_group
+from runtime.distributed.sharding import check_sharding
+from runtime.dtypes import DTYPES
+from runtime.loader import default_dtype
+from runtime.runner import ModelRunner, PromptLogits, plan_step, split_logits
+from runtime.scheduler import Batch
+from runtime.sequence import Sequence
+
+logger = logging.getLogger("tandem")
+
+
+def config_options(config: EngineConfig) -> dict[str, Any]:
+    """The keywords that rebuild `config` in another process."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+
+
+def load_local(group: Group, options: dict[str, Any], rank: int) -> tuple[ModelRunner | None, list[str | None]]:
+    """This rank's shard of the model (every rank calls it for the same options), and each rank's error;
+    no runner if any rank failed."""
+    if group.backend == "nccl":
+        options = {**options, "device": f"cuda:{rank}"}
+    runner, error = None, None
+    try:
+        runner = ModelRunner(EngineConfig(**options))
+    except Exception as err:  # reported to rank 0, which raises it
+        logger.debug("rank %d could not load the model", rank, exc_info=True)
+        error = f"{type(err).__name__}: {err}"
+    errors = group.gather(error)
+    if any(errors):
+        return None, errors
+    # Ranks may measure different free memory: the smallest pool is the one every rank can hold.
+    num_pages = min(group.gather(runner.num_pages))
+    if runner.num_pages != num_pages:
+        runner.num_pages = num_pages
+        runner.pool = allocate_pool(runner.layout, num_pages, runner.device)
+        bind_pool(runner.model, runner.pool, runner.layout)
+    return runner, errors
+
+
+def check_tensor_parallel(config: EngineConfig) -> None:
+    """Refuse a sharding that cannot work: the model built on the meta device (no memory) and sharded."""
+    module_name, _, class_name = config.declaration.implementation.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    with default_dtype(DTYPES[config.model_dtype]), torch.device("meta"):
+        model = cls(config.dims)
+    check_sharding(model, config.tensor_parallel_size)
+
+
+def serve_torchrun_rank(config: EngineConfig) -> int:
+    """A rank other than 0 of a command under torchrun: execute rank 0's steps until it stops (then exit)."""
+    check_tensor_parallel(config)
+    ensure_group(config.tensor_parallel_size, config.device)
+    raise AssertionError("only rank 0 of a torchrun group leads it")
+
+
+class TensorParallelRunner:
+    def __init__(self, config: EngineConfig):
+        tp = config.tensor_parallel_size
+        check_tensor_parallel(config)  # before any process starts
+        self.group = ensure_group(tp, config.device)
+        self.engine_id = self.group.next_id()
+        options = config_options(config)
+        self.group.send(("load", self.engine_id, options))
+        local, errors = load_local(self.group, options, local_rank())
+        if local is None:
+            raise ValueError("loading the model failed on " + "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors)
+                                                                         if e))
+        self.local = local
+        logger.info("tensor parallel: rank 0 of %d, %s", tp, backend_for(config.device))
+
+    def __getattr__(self, name: str) -> Any:
+        # device, num_pages, model, layout, kernel_backend, ...: rank 0's, the same shapes as every rank's.
+        if "local" not in self.__dict__:
+            raise AttributeError(f"{name}: this tensor-parallel runner is shut down")
+        return getattr(self.__dict__["local"], name)
+
+    def execute(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
+        seqs, logits, _ = self.run(batch)
+        return seqs, logits
+
+    def run(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
+        local = self.local
+        plan, sample_seqs, prompt_seqs = plan_step(batch, local.layout.num_attention_groups,
+                                                   local.layout.num_state_groups)
+        self.group.busy = True
+        self.group.send(("execute", self.engine_id, plan))
+        logits = local.execute_plan(plan)
+        self.group.busy = False
+        return split_logits(logits, plan, sample_seqs, prompt_seqs)
+
+    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
+        self.group.send(("copy", self.engine_id, copies))
+        self.local.copy_pages(copies)
+
+    def shutdown(self) -> None:
+        """Free the workers' shards of this engine's model (the group stays, for the next engine)."""
+        if current() is self.group and "local" in self.__dict__:
+            self.group.send(("unload", self.engine_id))
+            del self.__dict__["local"]

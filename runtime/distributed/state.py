@@ -1,0 +1,87 @@
+"""This process's place in the tensor-parallel group, and the collectives the sharded layers call.
+
+One group per process (torch.distributed's default group): gloo on the CPU, NCCL on CUDA. With no
+group (one device) every collective is the identity, so a model built without sharding runs unchanged.
+`CommStats` counts what the collectives move when `record()` is on (bench/allreduce.py reads it).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CommStats:
+    """Collectives of the model's forward passes: count, bytes per rank, seconds spent in them."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    bytes: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, op: str, nbytes: int, seconds: float) -> None:
+        self.counts[op] = self.counts.get(op, 0) + 1
+        self.bytes[op] = self.bytes.get(op, 0) + nbytes
+        self.seconds[op] = self.seconds.get(op, 0.0) + seconds
+
+
+_stats: CommStats | None = None
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+@contextmanager
+def record() -> Iterator[CommStats]:
+    """Count the collectives run inside the block (on this rank)."""
+    global _stats
+    previous, _stats = _stats, CommStats()
+    try:
+        yield _stats
+    finally:
+        _stats = previous
+
+
+@contextmanager
+def _timed(op: str, tensor: torch.Tensor) -> Iterator[None]:
+    if _stats is None:
+        yield
+        return
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+    start = time.perf_counter()
+    yield
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+    _stats.add(op, tensor.numel() * tensor.element_size(), time.perf_counter() - start)
+
+
+def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over the ranks, in place; returns it."""
+    if world_size() == 1:
+        return tensor
+    with _timed("all_reduce", tensor):
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def all_gather_last(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's `tensor` side by side along the last dimension, in rank order."""
+    size = world_size()
+    if size == 1:
+        return tensor
+    tensor = tensor.contiguous()
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    with _timed("all_gather", tensor):
+        dist.all_gather(parts, tensor)
+    return torch.cat(parts, dim=-1)
