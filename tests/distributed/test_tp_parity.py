@@ -11,7 +11,7 @@ of the TP=2 run, which then preempts the same requests.
 
 import pytest
 import torch
-from tiny_models import build_family_model, hf_greedy
+from tiny_models import build_deltanet_model, build_family_model, hf_greedy
 
 from runtime import LLM, SamplingParams
 from runtime.config import EngineConfig
@@ -28,6 +28,7 @@ NEW_TOKENS = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 MAX_MODEL_LEN = 128
 STEP_TOKENS = 16
+DELTANET = "deltanet"  # `family` for tiny_models.DELTANET_CONFIGS
 
 
 CASES = [
@@ -71,6 +72,10 @@ CASES = [
                  marks=pytest.mark.proves("Lfm2MoeForCausalLM", "tensor parallel")),
     pytest.param("falcon_mamba", True, {}, id="falcon_mamba",
                  marks=pytest.mark.proves("FalconMambaForCausalLM", "tensor parallel")),
+    # Gated DeltaNet: one key head per rank, its two value heads with it; the fused projections split by key
+    # head; experts and the gated shared expert split along their inner dimension.
+    pytest.param("qwen3_next", DELTANET, {}, id="qwen3_next",
+                 marks=pytest.mark.proves("Qwen3NextForCausalLM", "tensor parallel")),
 ]
 
 
@@ -91,7 +96,8 @@ def checkpoint(tiny_checkpoint, tmp_path_factory, tokenizer_dir):
         key = (name, tuple(sorted(overrides.items())))
         if key not in built:
             directory = tmp_path_factory.mktemp(name)
-            built[key] = (directory, build_family_model(name, directory, tokenizer_dir, **overrides))
+            build = build_deltanet_model if family == DELTANET else build_family_model
+            built[key] = (directory, build(name, directory, tokenizer_dir, **overrides))
         return built[key]
 
     return make
