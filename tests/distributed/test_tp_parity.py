@@ -76,6 +76,13 @@ CASES = [
     # head; experts and the gated shared expert split along their inner dimension.
     pytest.param("qwen3_next", DELTANET, {}, id="qwen3_next",
                  marks=pytest.mark.proves("Qwen3NextForCausalLM", "tensor parallel")),
+    pytest.param("qwen3_5", DELTANET, {}, id="qwen3_5",
+                 marks=pytest.mark.proves("Qwen3_5ForCausalLM", "tensor parallel")),
+    pytest.param("qwen3_5_moe", DELTANET, {}, id="qwen3_5_moe",
+                 marks=pytest.mark.proves("Qwen3_5MoeForCausalLM", "tensor parallel")),
+    # Whole-projection q and k norms: their RMS is all-reduced over the ranks.
+    pytest.param("olmo_hybrid", DELTANET, {}, id="olmo_hybrid",
+                 marks=pytest.mark.proves("OlmoHybridForCausalLM", "tensor parallel")),
 ]
 
 
