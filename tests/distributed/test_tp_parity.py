@@ -198,3 +198,21 @@ def test_prompt_logprobs_and_parallel_samples_equal_one_device(tiny_checkpoint):
         assert_close_tables(logprob_table(tp2.prompt_logprobs), logprob_table(tp1.prompt_logprobs))
         for a, b in zip(tp2.outputs, tp1.outputs):
             assert_close_tables(logprob_table(a.logprobs), logprob_table(b.logprobs))
+
+
+@pytest.mark.proves("OlmoHybridForCausalLM", "tensor parallel")
+def test_olmo_hybrid_one_kv_head_copied_on_both_ranks(checkpoint):
+    """OLMo-Hybrid's k norm spans the whole k projection: with its one KV head on both ranks, the all-reduce
+    adds its squares twice and the divisor counts them twice. (A pool of its own: the state per rank halves
+    while the KV head does not, so TP=1's page count does not carry over.)"""
+    directory, hf = checkpoint("olmo_hybrid", DELTANET, dict(num_key_value_heads=1))
+    tokens = {}
+    for tp in (1, 2):
+        llm = LLM(directory, dtype="float32", tensor_parallel_size=tp, max_model_len=MAX_MODEL_LEN,
+                  max_num_batched_tokens=STEP_TOKENS)
+        try:
+            tokens[tp] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)]
+            ids = [llm.get_tokenizer().encode(p) for p in PROMPTS[:2]]
+        finally:
+            llm.engine.shutdown()
+    assert tokens[2] == tokens[1] == [hf_greedy(hf, prompt, NEW_TOKENS) for prompt in ids]
