@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "GraniteForCausalLM": "runtime.models.granite.declaration",
     "GraniteMoeHybridForCausalLM": "runtime.models.granitemoehybrid.declaration",
     "JambaForCausalLM": "runtime.models.jamba.declaration",
+    "KimiLinearForCausalLM": "runtime.models.kimi_linear.declaration",
     "Lfm2ForCausalLM": "runtime.models.lfm2.declaration",
     "Lfm2MoeForCausalLM": "runtime.models.lfm2_moe.declaration",
     "LlamaForCausalLM": "runtime.models.llama.declaration",

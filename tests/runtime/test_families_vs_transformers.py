@@ -83,3 +83,39 @@ def test_minimax_layout_and_shapes_match_transformers(tmp_path):
     assert (layout.attention.num_kv_heads, layout.attention.head_size) == (keys.shape[1], keys.shape[3])
     for i in (0, 2, 3):
         assert layout.mamba.shapes == (tuple(cache.linear_cache[i].shape[1:]),)
+
+
+def test_kimi_linear_kda_shapes_match_transformers_and_its_mla_cache_is_refused(tmp_path):
+    """Kimi-Linear is planned: its KDA layers' conv and recurrent states are declared and match HF's cache; its MLA
+    layers cache a latent and a rope key of other widths (HF's keys and values), which no AttentionShape expresses,
+    so the cache layout stops there with a ConfigError that names both sizes rather than sizing the pool wrong."""
+    from runtime.hf_config import ConfigError, load_raw_config
+    from runtime.models import resolve
+
+    config = transformers.KimiLinearConfig(**dict(
+        COMMON, num_key_value_heads=4, num_hidden_layers=5, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        linear_attn_config=dict(num_heads=4, head_dim=8, short_conv_kernel_size=3, full_attn_layers=[2, 5],
+                                kda_layers=[1, 3, 4])))
+    config.architectures = ["KimiLinearForCausalLM"]
+    config.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(torch.arange(5)[None] % 100 + 1, cache=cache, use_cache=True)
+    decl = resolve("KimiLinearForCausalLM")
+    cfg = decl.read_config(load_raw_config(tmp_path))
+    layout = decl.layout(cfg)
+    assert layout == (LayerKind.GATED_DELTANET, LayerKind.ATTENTION, LayerKind.GATED_DELTANET,
+                      LayerKind.GATED_DELTANET, LayerKind.ATTENTION)
+    conv_shape, recurrent_shape = decl.mamba_state_shape(cfg, 1)
+    for kind, layer in zip(layout, cache.layers):
+        if kind is LayerKind.ATTENTION:
+            assert isinstance(layer, DynamicLayer)
+            assert (layer.keys.shape[-1], layer.values.shape[-1]) == (24, 8)  # latent, rope key: not K and V heads
+        else:
+            conv = layer.conv_states[0]
+            assert conv_shape == (conv.shape[2] - 1, conv.shape[1])
+            assert recurrent_shape == tuple(layer.recurrent_states[0].shape[1:])
+    with pytest.raises(ConfigError, match="kv_lora_rank=24 and a rope key of qk_rope_head_dim=8"):
+        EngineConfig(str(tmp_path), dtype="float32")

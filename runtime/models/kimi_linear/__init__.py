@@ -1,0 +1,1 @@
+"""kimi_linear: `declaration` (torch-free: capabilities and the KDA state shapes from config.json); no forward pass yet."""
