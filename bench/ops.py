@@ -38,12 +38,12 @@ PREFILLS, PROMPT = 16, 128
 
 
 def load(module: str, revision: str | None):
-    """runtime.kernels.<module> from this tree (revision None) or from `git show revision:...`."""
+    """runtime.<module> ("kernels.ssd_scan") from this tree (revision None) or from `git show revision:...`."""
     if revision is None:
-        return importlib.import_module(f"runtime.kernels.{module}")
-    source = subprocess.run(["git", "show", f"{revision}:runtime/kernels/{module}.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"{module}_{revision.replace('/', '_')}.py"
+        return importlib.import_module(f"runtime.{module}")
+    source = subprocess.run(["git", "show", f"{revision}:runtime/{module.replace('.', '/')}.py"], cwd=ROOT,
+                            check=True, capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / f"{module.replace('.', '_')}_{revision.replace('/', '_')}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     loaded = importlib.util.module_from_spec(spec)
@@ -90,10 +90,22 @@ def prefill_scan(module, dtype: torch.dtype) -> Callable[[], object]:
     return lambda: module.ssd_scan_ref(x, dt, A, B, C, D, dt_bias, (0.0, float("inf")), states, slots, meta, out)
 
 
+def linears(module, dtype: torch.dtype, rows: int) -> Callable[[], object]:
+    """Every linear of the hybrid's Mamba layer, MLP and LM head once, as pack_linears leaves them."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(768, 3352), (1536, 768), (768, 2048), (1024, 768), (768, 32000)]
+    model = torch.nn.Sequential(*(torch.nn.Linear(k, n, bias=False) for k, n in shapes)).to(dtype)
+    module.pack_linears(model)
+    inputs = [torch.randn(rows, k, generator=gen).to(dtype) for k, _ in shapes]
+    return lambda: [layer(x) for layer, x in zip(model, inputs)]
+
+
 OPS = {
-    "decode_attention": ("paged_attention", decode_attention),
-    "state_update": ("ssm_state_update", state_update),
-    "prefill_scan": ("ssd_scan", prefill_scan),
+    "decode_attention": ("kernels.paged_attention", decode_attention),
+    "state_update": ("kernels.ssm_state_update", state_update),
+    "prefill_scan": ("kernels.ssd_scan", prefill_scan),
+    "decode_linears": ("layers.linear", lambda module, dtype: linears(module, dtype, DECODES)),
+    "prefill_linears": ("layers.linear", lambda module, dtype: linears(module, dtype, PREFILLS * PROMPT)),
 }
 
 
@@ -106,6 +118,7 @@ def median_ms(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
+@torch.inference_mode()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", default="main", help="git revision to compare with (default: main)")

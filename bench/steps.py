@@ -30,9 +30,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     args = parser.parse_args()
 
+    # runtime before torch, as a user's import would be: it sets OpenMP's wait policy.
+    from runtime import LLM, SamplingParams  # noqa: I001
     import torch
-
-    from runtime import LLM, SamplingParams
 
     torch.set_num_threads(args.threads)
     llm = LLM(build_checkpoint(args.model, args.cache), dtype=args.dtype, max_num_seqs=32, threads=args.threads,

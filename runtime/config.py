@@ -30,8 +30,8 @@ DEFAULT_BATCHED_TOKENS = 2048
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 THREADS_ENV_VAR = "TANDEM_NUM_THREADS"
-# Models at least this wide use every usable core by default; narrower ones one thread.
-MIN_THREADED_HIDDEN = 1024
+# Models at least this wide use the idle cores by default; narrower ones one thread.
+MIN_THREADED_HIDDEN = 512
 
 
 def usable_cores() -> int:
@@ -42,13 +42,18 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def default_threads(hidden_size: int) -> int:
-    """One thread per usable core for models wide enough to split their ops; one thread below that.
+def default_threads(hidden_size: int, cores: int, load: float) -> int:
+    """Threads for a model of this width on `cores` usable cores with `load` runnable processes (the
+    1-minute load average): the cores others leave idle, and one thread for narrow models.
 
-    A small model's ops last microseconds: split over threads they gain little, and when another
-    process takes a core, every op waits for the descheduled thread (measured in docs/performance.md).
+    Every op of a step waits for its slowest thread, so when another process takes a core, a thread
+    that shares it stalls the whole step: 2 threads ran 5x slower than 1 on a busy 2-core machine,
+    and 10-30x for the shipped model, whose ops are too small to gain from threads even on idle cores.
     """
-    return usable_cores() if hidden_size >= MIN_THREADED_HIDDEN else 1
+    if hidden_size < MIN_THREADED_HIDDEN:
+        return 1
+    busy = min(cores - 1, max(0, round(load)))
+    return cores - busy
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,8 @@ class EngineConfig:
         "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
     threads: int | None = field(default=None, metadata=option(
         "CPU threads for the model's ops (default: the TANDEM_NUM_THREADS environment variable, else "
-        "OMP_NUM_THREADS, else one per usable core for models with hidden size 1024 or more and one for "
-        "smaller ones; see docs/performance.md)", metavar="N"))
+        "OMP_NUM_THREADS, else the cores that other processes leave idle at start-up for models of hidden size "
+        "512 or more, one thread for narrower ones; see docs/performance.md)", metavar="N"))
     kernel_backend: str = field(default="auto", metadata=option(
         "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
         "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))
@@ -166,7 +171,8 @@ class EngineConfig:
         if os.environ.get("OMP_NUM_THREADS", "").strip():
             return None
         # Tensor-parallel ranks on one machine share its cores.
-        return max(1, default_threads(getattr(self.dims, "hidden_size", 0)) // self.tensor_parallel_size)
+        threads = default_threads(getattr(self.dims, "hidden_size", 0), usable_cores(), os.getloadavg()[0])
+        return max(1, threads // self.tensor_parallel_size)
 
     @cached_property
     def model_dtype(self) -> str:

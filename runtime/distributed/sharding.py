@@ -25,6 +25,7 @@ from runtime.distributed import state
 from runtime.layers.parallel import (
     ParallelFalconGatedRMSNorm,
     ParallelGatedRMSNorm,
+    ParallelRMSNorm,
     Part,
     ReducingLinear,
     Shard,
@@ -331,4 +332,81 @@ def short_conv(s: Sharder, m: nn.Module) -> None:
     s.column(m.conv, [channels])
     s.row(m.out_proj, m.hidden_size, "hidden_size")
     m.hidden_size //= s.tp
+    m.register_forward_hook(reduce_output)
+
+
+# Gated DeltaNet families (Qwen3-Next, Qwen3.5, OLMo-Hybrid) ---------------------------------------
+
+@handles("GatedAttention")
+def gated_attention(s: Sharder, module: nn.Module) -> None:
+    """Qwen3-Next's gated attention: each head's query and gate are adjacent in q_proj, so its rows split by heads."""
+    heads, kv_heads, head_dim = module.num_heads, module.num_kv_heads, module.head_dim
+    s.require(heads, "num_attention_heads")
+    kv = s.heads(kv_heads, kv_heads * head_dim, "num_key_value_heads")
+    s.column(module.q_proj, [Part(2 * heads * head_dim, s.tp)])
+    s.column(module.k_proj, [kv])
+    s.column(module.v_proj, [kv])
+    s.row(module.o_proj, heads * head_dim, "num_attention_heads x head_dim")
+    module.num_heads, module.num_kv_heads = heads // s.tp, max(1, kv_heads // s.tp)
+    _paged_attention(s, module.attn)
+    module.register_forward_hook(reduce_output)
+
+
+@handles("OlmoHybridAttention")
+def olmo_hybrid_attention(s: Sharder, module: nn.Module) -> None:
+    """Plain attention whose q and k norms span the whole projection: their RMS is all-reduced."""
+    heads, kv_heads, head_dim = module.num_heads, module.num_kv_heads, module.head_dim
+    attention(s, module)
+    q = Part(heads * head_dim, s.tp)
+    kv = s.heads(kv_heads, kv_heads * head_dim, "num_key_value_heads")
+    for norm, part in ((module.q_norm, q), (module.k_norm, kv)):
+        s.param(norm, "weight", 0, [part])
+        norm.full_size = norm.weight.shape[0] * s.tp
+        norm.__class__ = ParallelRMSNorm
+
+
+@handles("Qwen3NextSparseMoeBlock")
+def qwen3_next_moe(s: Sharder, module: nn.Module) -> None:
+    """Experts and the shared expert split along their inner dimension; the router and the shared expert's
+    gate (a scalar per token, which scales the partial sums alike) replicated; one all-reduce for the block."""
+    for expert in module.experts:
+        _inner_mlp(s, expert)
+    _inner_mlp(s, module.shared_expert)
+    module.register_forward_hook(reduce_output)
+
+
+@handles("GatedDeltaNet")
+def gated_deltanet(s: Sharder, m: nn.Module) -> None:
+    """Key and value heads split per rank (a rank's value heads are those of its key heads, as the delta rule
+    pairs them); the conv channels, A_log and dt_bias follow; the per-head gated norm is replicated; the
+    output projection is row-parallel."""
+    s.require(m.num_k_heads, "linear_num_key_heads")
+    s.require(m.num_v_heads, "linear_num_value_heads")
+    key, value, heads = Part(m.key_dim, s.tp), Part(m.value_dim, s.tp), Part(m.num_v_heads, s.tp)
+    if hasattr(m, "in_proj_qkvz"):
+        # Qwen3-Next: [q, k, v..., z...] and [b..., a...] per key head, so a contiguous split by key heads.
+        s.column(m.in_proj_qkvz, [Part(2 * m.key_dim + 2 * m.value_dim, s.tp)])
+        s.column(m.in_proj_ba, [Part(2 * m.num_v_heads, s.tp)])
+    elif hasattr(m, "in_proj_qkv"):  # Qwen3.5
+        s.column(m.in_proj_qkv, [key, key, value])
+        s.column(m.in_proj_z, [value])
+        s.column(m.in_proj_b, [heads])
+        s.column(m.in_proj_a, [heads])
+    else:  # OLMo-Hybrid
+        for name, part in (("q_proj", key), ("k_proj", key), ("v_proj", value), ("g_proj", value),
+                           ("a_proj", heads), ("b_proj", heads)):
+            s.column(getattr(m, name), [part])
+    if hasattr(m, "conv1d"):
+        s.column(m.conv1d, [key, key, value])
+        out = m.out_proj
+    else:
+        for name, part in (("q_conv1d", key), ("k_conv1d", key), ("v_conv1d", value)):
+            s.column(getattr(m, name), [part])
+        out = m.o_proj
+    s.param(m, "dt_bias", 0, [heads])
+    s.param(m, "A_log", 0, [heads])
+    s.row(out, m.value_dim, "linear_num_value_heads x linear_value_head_dim")
+    m.num_k_heads, m.num_v_heads = m.num_k_heads // s.tp, m.num_v_heads // s.tp
+    m.key_dim, m.value_dim = m.key_dim // s.tp, m.value_dim // s.tp
+    m.conv_dim = 2 * m.key_dim + m.value_dim
     m.register_forward_hook(reduce_output)

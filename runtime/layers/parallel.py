@@ -122,3 +122,16 @@ class ParallelFalconGatedRMSNorm(nn.Module):
         if self.norm_before_gate:
             h = h * F.silu(z.float())
         return h.to(dtype)
+
+
+class ParallelRMSNorm(nn.Module):
+    """An RMS norm over a whole projection whose channels are spread over the ranks (OLMo-Hybrid's q and k
+    norms, runtime.models.olmo_hybrid.model.OlmoRMSNorm). `full_size` is this rank's width times the ranks:
+    a projection copied on r ranks (replicated KV heads) adds its squares r times, and so does the divisor."""
+
+    weight: nn.Parameter
+    eps: float
+    full_size: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight * _rms_over_ranks(x.float(), self.full_size, self.eps)).to(x.dtype)

@@ -11,7 +11,7 @@ of the TP=2 run, which then preempts the same requests.
 
 import pytest
 import torch
-from tiny_models import build_family_model, hf_greedy
+from tiny_models import build_deltanet_model, build_family_model, hf_greedy
 
 from runtime import LLM, SamplingParams
 from runtime.config import EngineConfig
@@ -28,6 +28,7 @@ NEW_TOKENS = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 MAX_MODEL_LEN = 128
 STEP_TOKENS = 16
+DELTANET = "deltanet"  # `family` for tiny_models.DELTANET_CONFIGS
 
 
 CASES = [
@@ -71,6 +72,17 @@ CASES = [
                  marks=pytest.mark.proves("Lfm2MoeForCausalLM", "tensor parallel")),
     pytest.param("falcon_mamba", True, {}, id="falcon_mamba",
                  marks=pytest.mark.proves("FalconMambaForCausalLM", "tensor parallel")),
+    # Gated DeltaNet: one key head per rank, its two value heads with it; the fused projections split by key
+    # head; experts and the gated shared expert split along their inner dimension.
+    pytest.param("qwen3_next", DELTANET, {}, id="qwen3_next",
+                 marks=pytest.mark.proves("Qwen3NextForCausalLM", "tensor parallel")),
+    pytest.param("qwen3_5", DELTANET, {}, id="qwen3_5",
+                 marks=pytest.mark.proves("Qwen3_5ForCausalLM", "tensor parallel")),
+    pytest.param("qwen3_5_moe", DELTANET, {}, id="qwen3_5_moe",
+                 marks=pytest.mark.proves("Qwen3_5MoeForCausalLM", "tensor parallel")),
+    # Whole-projection q and k norms: their RMS is all-reduced over the ranks.
+    pytest.param("olmo_hybrid", DELTANET, {}, id="olmo_hybrid",
+                 marks=pytest.mark.proves("OlmoHybridForCausalLM", "tensor parallel")),
 ]
 
 
@@ -91,7 +103,8 @@ def checkpoint(tiny_checkpoint, tmp_path_factory, tokenizer_dir):
         key = (name, tuple(sorted(overrides.items())))
         if key not in built:
             directory = tmp_path_factory.mktemp(name)
-            built[key] = (directory, build_family_model(name, directory, tokenizer_dir, **overrides))
+            build = build_deltanet_model if family == DELTANET else build_family_model
+            built[key] = (directory, build(name, directory, tokenizer_dir, **overrides))
         return built[key]
 
     return make
@@ -185,3 +198,21 @@ def test_prompt_logprobs_and_parallel_samples_equal_one_device(tiny_checkpoint):
         assert_close_tables(logprob_table(tp2.prompt_logprobs), logprob_table(tp1.prompt_logprobs))
         for a, b in zip(tp2.outputs, tp1.outputs):
             assert_close_tables(logprob_table(a.logprobs), logprob_table(b.logprobs))
+
+
+@pytest.mark.proves("OlmoHybridForCausalLM", "tensor parallel")
+def test_olmo_hybrid_one_kv_head_copied_on_both_ranks(checkpoint):
+    """OLMo-Hybrid's k norm spans the whole k projection: with its one KV head on both ranks, the all-reduce
+    adds its squares twice and the divisor counts them twice. (A pool of its own: the state per rank halves
+    while the KV head does not, so TP=1's page count does not carry over.)"""
+    directory, hf = checkpoint("olmo_hybrid", DELTANET, dict(num_key_value_heads=1))
+    tokens = {}
+    for tp in (1, 2):
+        llm = LLM(directory, dtype="float32", tensor_parallel_size=tp, max_model_len=MAX_MODEL_LEN,
+                  max_num_batched_tokens=STEP_TOKENS)
+        try:
+            tokens[tp] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)]
+            ids = [llm.get_tokenizer().encode(p) for p in PROMPTS[:2]]
+        finally:
+            llm.engine.shutdown()
+    assert tokens[2] == tokens[1] == [hf_greedy(hf, prompt, NEW_TOKENS) for prompt in ids]

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from tiny_models import build_deltanet_model
 from tp_helpers import my_descendants
 
 from runtime import LLM
@@ -49,4 +50,16 @@ def test_more_ranks_than_gpus_is_refused_before_any_process_starts(tiny_checkpoi
     before = my_descendants()
     with pytest.raises(ValueError, match=f"tensor_parallel_size=2 needs 2 GPUs .* has {torch.cuda.device_count()}"):
         LLM(directory, tensor_parallel_size=2, device="cuda")
+    assert my_descendants() == before
+
+
+def test_gated_deltanet_key_heads_that_do_not_divide_are_refused(tmp_path, tokenizer_dir):
+    """One Gated DeltaNet key head (its two value heads would split, the key head cannot): the declaration's
+    per-rank state shapes refuse it before any worker starts."""
+    build_deltanet_model("qwen3_5", tmp_path, tokenizer_dir, linear_num_key_heads=1, linear_num_value_heads=2)
+    before = my_descendants()
+    with pytest.raises(ValueError) as refused:
+        LLM(tmp_path, tensor_parallel_size=2)
+    assert ("linear_num_key_heads=1 is not divisible by tensor_parallel_size=2; tensor-parallel sizes that divide "
+            "it: 1") in str(refused.value)
     assert my_descendants() == before

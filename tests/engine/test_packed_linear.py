@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.layers.linear import PackedLinear, bucket
+from runtime.layers.linear import PackedLinear, bfloat16_packs, bucket, pack_linears
 
 
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 17, 100, 129, 300])
@@ -29,3 +29,23 @@ def test_bucket_covers_rows_with_a_few_dozen_sizes_and_at_most_a_quarter_more():
     for rows in range(1, 8193):
         assert rows <= bucket(rows) <= rows * 1.25
         assert bucket(bucket(rows)) == bucket(rows)
+
+
+@pytest.mark.skipif(not bfloat16_packs(), reason="no prepacked bfloat16 linear on this CPU")
+@pytest.mark.parametrize("rows", [1, 9, 100])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bfloat16_packed_linear_matches_nn_linear(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 40, bias=bias).to(torch.bfloat16)
+    x = torch.randn(2, rows, 64, dtype=torch.bfloat16)
+    out = PackedLinear(linear)(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, rows, 40)
+    # Both round a float32 sum to bfloat16; their summation orders may differ by an ulp.
+    torch.testing.assert_close(out, linear(x), rtol=2.0**-7, atol=1e-2)
+
+
+def test_pack_linears_packs_float32_and_bfloat16_and_leaves_others():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.bfloat16), nn.Linear(8, 8).half())
+    expected = 2 if bfloat16_packs() else 1
+    assert pack_linears(model) == expected
+    assert [type(m) for m in model] == [PackedLinear, PackedLinear if expected == 2 else nn.Linear, nn.Linear]

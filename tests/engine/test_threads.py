@@ -1,6 +1,10 @@
 """The CPU thread count: the option, its environment variable and its default reach torch's thread pool."""
 
 import argparse
+import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +14,8 @@ from runtime.config import MIN_THREADED_HIDDEN, EngineConfig, default_threads, u
 from runtime.hf_config import ConfigError
 from runtime.llm import DEFAULT_MODEL
 from runtime.options import add_config_options, config_kwargs
+
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture
@@ -56,9 +62,13 @@ def test_default_follows_omp_num_threads_when_set(monkeypatch):
     assert EngineConfig(str(DEFAULT_MODEL)).derived_threads == 1
 
 
-def test_default_uses_every_usable_core_for_wide_models():
-    assert default_threads(MIN_THREADED_HIDDEN) == usable_cores() >= 1
-    assert default_threads(MIN_THREADED_HIDDEN - 1) == 1
+def test_default_leaves_busy_cores_to_their_processes():
+    wide = MIN_THREADED_HIDDEN
+    assert default_threads(wide, cores=8, load=0.2) == 8  # an idle machine: every core
+    assert default_threads(wide, cores=8, load=2.6) == 5  # three cores busy elsewhere
+    assert default_threads(wide, cores=2, load=7.0) == 1  # oversubscribed: one thread, never zero
+    assert default_threads(wide - 1, cores=8, load=0.0) == 1  # narrow: one thread even when idle
+    assert usable_cores() >= 1
 
 
 def test_command_line_option_maps_to_the_field():
@@ -66,3 +76,12 @@ def test_command_line_option_maps_to_the_field():
     add_config_options(parser, EngineConfig)
     assert config_kwargs(parser.parse_args(["--threads", "3"]), EngineConfig) == {"threads": 3}
     assert config_kwargs(parser.parse_args([]), EngineConfig) == {}
+
+
+def test_importing_tandem_first_makes_openmp_threads_wait_passively(tmp_path):
+    """Set before torch loads libgomp, unless the user chose a policy."""
+    probe = "import os, runtime, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    run = functools.partial(subprocess.run, [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert run(env=env).stdout.strip() == "PASSIVE"
+    assert run(env={**env, "OMP_WAIT_POLICY": "ACTIVE"}).stdout.strip() == "ACTIVE"

@@ -6,7 +6,7 @@ from typing import Any
 from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.dims import RopeDims, read_rope
 from runtime.models.interface import AttentionShape, LayerKind
-from runtime.models.qwen3_next.declaration import GATED_DELTANET_CAPABILITIES, Qwen3NextForCausalLM
+from runtime.models.qwen3_next.declaration import GATED_DELTANET_TP_CAPABILITIES, Qwen3NextForCausalLM
 from runtime.models.shapes import attention_shape
 
 # transformers' OlmoHybridConfig defaults for the fields the declaration reads (the linear-attention
@@ -55,7 +55,7 @@ class OlmoHybridForCausalLM(Qwen3NextForCausalLM):
     model_name = "OLMo-Hybrid"
     example_models = ("allenai/Olmo-Hybrid-7B",)
     implementation = "runtime.models.olmo_hybrid.model:OlmoHybridForCausalLM"
-    capabilities = GATED_DELTANET_CAPABILITIES
+    capabilities = GATED_DELTANET_TP_CAPABILITIES
     defaults = OLMO_HYBRID_DEFAULTS
 
     @classmethod

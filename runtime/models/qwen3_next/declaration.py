@@ -7,7 +7,7 @@ from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.dims import RopeDims, read_rope
 from runtime.models.granitemoehybrid.declaration import layers_from_types
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
-from runtime.models.shapes import attention_shape
+from runtime.models.shapes import attention_shape, divisors
 
 LAYER_TYPES = {"linear_attention": LayerKind.GATED_DELTANET, "full_attention": LayerKind.ATTENTION}
 # HF's chunk length for the gated delta rule (torch_chunk_gated_delta_rule and FLA's kernels); the
@@ -48,6 +48,9 @@ class Qwen3NextDims:
 
 # What the engine does for every Gated DeltaNet model it runs.
 GATED_DELTANET_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported())
+# Once runtime/distributed/sharding.py splits its layers and tests/distributed/test_tp_parity.py proves it.
+GATED_DELTANET_TP_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
+                                              tensor_parallel=supported())
 
 
 def moe_layers(cfg: HFConfig, num_layers: int) -> tuple[bool, ...]:
@@ -67,7 +70,7 @@ class Qwen3NextForCausalLM(ModelDeclaration):
     example_models = ("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.GATED_DELTANET})
     state_name = "gated-deltanet state"
-    capabilities = GATED_DELTANET_CAPABILITIES
+    capabilities = GATED_DELTANET_TP_CAPABILITIES
     implementation = "runtime.models.qwen3_next.model:Qwen3NextForCausalLM"
     # The recurrent state follows the model dtype unless asked otherwise, as in vLLM (HF keeps it in float32:
     # --mamba-ssm-dtype float32 does the same).
@@ -119,7 +122,8 @@ class Qwen3NextForCausalLM(ModelDeclaration):
         key_dim, value_dim = cfg.positive_int("linear_key_head_dim"), cfg.positive_int("linear_value_head_dim")
         for field, value in (("linear_num_key_heads", key_heads), ("linear_num_value_heads", value_heads)):
             if value % tp:
-                raise ConfigError(f"{cls.architecture}: {field}={value} is not divisible by tensor_parallel_size={tp}")
+                raise ConfigError(f"{cls.architecture}: {field}={value} is not divisible by tensor_parallel_size={tp}; "
+                                  f"tensor-parallel sizes that divide it: {divisors(value)}")
         conv_dim = 2 * key_heads * key_dim + value_heads * value_dim
         conv = (cfg.positive_int("linear_conv_kernel_dim") - 1, conv_dim // tp)
         return conv, (value_heads // tp, key_dim, value_dim)
