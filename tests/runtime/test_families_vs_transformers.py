@@ -93,7 +93,8 @@ def test_kimi_linear_kda_shapes_match_transformers_and_its_mla_cache_is_refused(
     from runtime.models import resolve
 
     config = transformers.KimiLinearConfig(**dict(
-        COMMON, num_key_value_heads=4, num_hidden_layers=5, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        COMMON, num_key_value_heads=4, num_hidden_layers=5, kv_lora_rank=24, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16,
         num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         linear_attn_config=dict(num_heads=4, head_dim=8, short_conv_kernel_size=3, full_attn_layers=[2, 5],
                                 kda_layers=[1, 3, 4])))

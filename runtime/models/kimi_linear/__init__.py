@@ -1,1 +1,4 @@
-"""kimi_linear: `declaration` (torch-free: capabilities and the KDA state shapes from config.json); no forward pass yet."""
+"""kimi_linear: `declaration` (torch-free: capabilities and the KDA state shapes from config.json).
+
+No forward pass yet.
+"""

@@ -64,8 +64,9 @@ class KimiLinearForCausalLM(ModelDeclaration):
         # An AttentionShape is K and V heads of one size; declaring MLA's latent as such would size the pool wrong.
         raise ConfigError(
             f"{cls.architecture}: its MLA attention layers cache a compressed latent of kv_lora_rank="
-            f"{cfg.positive_int('kv_lora_rank')} and a rope key of qk_rope_head_dim={cfg.positive_int('qk_rope_head_dim')} "
-            "per token, which the cache layout cannot express yet (the model is planned: see docs/models/supported_models.md)"
+            f"{cfg.positive_int('kv_lora_rank')} and a rope key of "
+            f"qk_rope_head_dim={cfg.positive_int('qk_rope_head_dim')} per token, which the cache layout "
+            "cannot express yet (the model is planned: see docs/models/supported_models.md)"
         )
 
     @classmethod
