@@ -30,7 +30,7 @@ DEFAULT_BATCHED_TOKENS = 2048
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 THREADS_ENV_VAR = "TANDEM_NUM_THREADS"
-# Models at least this wide use the idle cores by default; narrower ones one thread.
+# Models at least this wide use every usable core by default; narrower ones one thread.
 MIN_THREADED_HIDDEN = 512
 
 
@@ -42,18 +42,15 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def default_threads(hidden_size: int, cores: int, load: float) -> int:
-    """Threads for a model of this width on `cores` usable cores with `load` runnable processes (the
-    1-minute load average): the cores others leave idle, and one thread for narrow models.
+def default_threads(hidden_size: int, cores: int) -> int:
+    """Threads for a model of this width on `cores` usable cores: all of them, and one for narrow models.
 
-    Every op of a step waits for its slowest thread, so when another process takes a core, a thread
-    that shares it stalls the whole step: 2 threads ran 5x slower than 1 on a busy 2-core machine,
-    and 10-30x for the shipped model, whose ops are too small to gain from threads even on idle cores.
+    The load average is not consulted: it counts this process's own recent work (an engine started
+    just after another run on an idle 2-core machine picked one thread and ran 1.5x slower), and with
+    passive OpenMP waiting (runtime/__init__.py) a thread that shares its core with another process no
+    longer stalls the others by spinning (docs/performance.md, "Threads").
     """
-    if hidden_size < MIN_THREADED_HIDDEN:
-        return 1
-    busy = min(cores - 1, max(0, round(load)))
-    return cores - busy
+    return 1 if hidden_size < MIN_THREADED_HIDDEN else cores
 
 
 @dataclass(frozen=True)
@@ -171,7 +168,7 @@ class EngineConfig:
         if os.environ.get("OMP_NUM_THREADS", "").strip():
             return None
         # Tensor-parallel ranks on one machine share its cores.
-        threads = default_threads(getattr(self.dims, "hidden_size", 0), usable_cores(), os.getloadavg()[0])
+        threads = default_threads(getattr(self.dims, "hidden_size", 0), usable_cores())
         return max(1, threads // self.tensor_parallel_size)
 
     @cached_property

@@ -4,10 +4,16 @@ oneDNN's linear with weights reordered once into its blocked layout runs 1.4x (p
 2.5x (decode, the LM head) faster than the default float32 GEMM on the CPUs we measured, and
 1.3-1.5x faster than the default bfloat16 GEMM at decode sizes (docs/performance.md). bfloat16
 uses torch's own prepacked path (`mkldnn._reorder_linear_weight`, `_linear_pointwise`, as
-torch.compile's CPU backend does), where the CPU has bfloat16 instructions.
+torch.compile's CPU backend does), where the CPU has bfloat16 instructions. Where it has none
+(AVX2 only), bfloat16 GEMMs are emulated and run 4.5-7x slower than float32 ones (docs/performance.md),
+so a bfloat16 linear keeps its weights widened to float32 and multiplies in float32: a product of two
+bfloat16 values is exact in float32, and both paths accumulate in float32 and round the output to
+bfloat16, so only the summation order differs.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -20,10 +26,12 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
-        self.float32 = weight.dtype == torch.float32
+        self.dtype = weight.dtype
+        # Float32 GEMMs: a float32 model, or a bfloat16 one on a CPU without bfloat16 instructions.
+        self.float32 = weight.dtype == torch.float32 or not bfloat16_packs()
         if self.float32:
             bias = linear.bias.detach() if linear.bias is not None else torch.zeros(linear.out_features)
-            self.register_buffer("weight", weight.to_mkldnn(), persistent=False)
+            self.register_buffer("weight", weight.float().to_mkldnn(), persistent=False)
             self.register_buffer("bias", bias.float().to_mkldnn(), persistent=False)
         else:
             # The layout oneDNN picks for 32-row inputs (vLLM's choice too) served 1 to 2048 rows best here.
@@ -47,7 +55,8 @@ class PackedLinear(nn.Module):
             padded[:rows] = flat
             padded[rows:].zero_()
         if self.float32:
-            y = torch._C._nn.mkldnn_linear(padded.to_mkldnn(), self.weight, self.bias).to_dense()
+            y = torch._C._nn.mkldnn_linear(padded.float().to_mkldnn(), self.weight, self.bias).to_dense()
+            y = y.to(self.dtype)
         else:
             y = torch.ops.mkldnn._linear_pointwise(padded, self.weight, self.bias, "none", [], "")
         return y[:rows].view(*x.shape[:-1], self.out_features)
@@ -66,11 +75,8 @@ def bucket(rows: int) -> int:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 nn.Linear of `model` by a PackedLinear, and every bfloat16 one where the
-    CPU has bfloat16 instructions; returns how many."""
-    packable = {torch.float32}
-    if bfloat16_packs():
-        packable.add(torch.bfloat16)
+    """Replace every float32 and bfloat16 nn.Linear of `model` by a PackedLinear; returns how many."""
+    packable = {torch.float32, torch.bfloat16}
     packed = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -80,8 +86,9 @@ def pack_linears(model: nn.Module) -> int:
     return packed
 
 
+@functools.cache
 def bfloat16_packs() -> bool:
-    """torch's prepacked bfloat16 linear exists here and the CPU runs bfloat16 natively (else it is slower)."""
+    """torch's prepacked bfloat16 linear exists here and the CPU runs bfloat16 natively (else float32 is faster)."""
     mkldnn = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
             and bool(mkldnn._is_mkldnn_bf16_supported()))
