@@ -8,6 +8,9 @@ the references otherwise; TANDEM_KERNEL_BACKEND=torch|triton forces either when 
 `kernel_backend` knob is "auto". Triton on a CPU means the interpreter, for tests: it needs
 TRITON_INTERPRET=1 before triton is first imported.
 
+On a CPU with the torch backend, the ops in NATIVE run on cpu_native.c's kernels where that library
+builds (a C compiler is present; TANDEM_CPU_NATIVE=0 keeps the references).
+
 The binding is per process: an engine built later with another backend rebinds the ops for the
 engines built before it (a warning says so).
 """
@@ -21,7 +24,7 @@ import torch
 
 from runtime.config import KERNEL_BACKENDS
 from runtime.hf_config import ConfigError
-from runtime.kernels import cpu_compile
+from runtime.kernels import cpu_compile, cpu_native
 from runtime.kernels._triton_utils import interpreting, kernels_are_interpreted
 from runtime.kernels.causal_conv1d import (
     causal_conv1d_fn_ref,
@@ -80,6 +83,12 @@ IMPLEMENTATIONS = {
     "gated_delta_rule_update": (gated_delta_rule_update_ref, gated_delta_rule_update_triton),
 }
 
+# CPU fast paths, with the references' signatures, used in their place where the library builds.
+NATIVE = {
+    "selective_state_update": cpu_native.selective_state_update_native,
+    "causal_conv1d_update": cpu_native.causal_conv1d_update_native,
+}
+
 backend = "torch"  # the references, until an engine binds
 _bound = False
 _last_bind: tuple[str, torch.device, bool] | None = None  # bind()'s arguments, for restore()
@@ -129,6 +138,8 @@ def bind(name: str, device: torch.device, compile_cpu: bool = True) -> str:
                        name, backend)
     which = 0 if name == "torch" else 1
     globals().update({op: implementations[which] for op, implementations in IMPLEMENTATIONS.items()})
+    if name == "torch" and device.type == "cpu" and cpu_native.available():
+        globals().update(NATIVE)
     backend, _bound = name, True
     global _last_bind
     _last_bind = (name, device, compile_cpu)

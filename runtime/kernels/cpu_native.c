@@ -1,0 +1,129 @@
+/* Tandem's native CPU kernels: the Mamba decode steps, in place on the state pool, one pass each.
+ *
+ * Built on first use by cpu_native.py (the host's C compiler, -O3 -march=native -fopenmp) and
+ * called through ctypes. Inputs arrive as contiguous float32 arrays (the launchers convert them:
+ * they are a few kilobytes per step); states stay in the pool, in float32 or bfloat16, addressed by
+ * slot. The math is the torch references' (selective_state_update_ref, causal_conv1d_update_ref),
+ * in float32, and the tests hold these functions to those references on random inputs.
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_load(const uint16_t *p) {
+    uint32_t bits = (uint32_t)(*p) << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* Round to nearest even, as torch's float32 -> bfloat16 conversion (NaN stays NaN). */
+static inline void bf16_store(uint16_t *p, float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        *p = (uint16_t)((bits >> 16) | 0x40u);
+        return;
+    }
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    *p = (uint16_t)(bits >> 16);
+}
+
+/* One row of a state (d_state values) in float32, wherever the pool keeps it. */
+static inline void row_load(const void *pool, int bf16, int64_t offset, float *row, int n) {
+    if (bf16) {
+        const uint16_t *src = (const uint16_t *)pool + offset;
+        for (int i = 0; i < n; i++) row[i] = bf16_load(src + i);
+    } else {
+        memcpy(row, (const float *)pool + offset, (size_t)n * sizeof(float));
+    }
+}
+
+static inline void row_store(void *pool, int bf16, int64_t offset, const float *row, int n) {
+    if (bf16) {
+        uint16_t *dst = (uint16_t *)pool + offset;
+        for (int i = 0; i < n; i++) bf16_store(dst + i, row[i]);
+    } else {
+        memcpy((float *)pool + offset, row, (size_t)n * sizeof(float));
+    }
+}
+
+/* Mamba-2 decode. states: the pool, (slot, H, P, N) with (P, N) contiguous inside each head and
+ * strides slot_stride, head_stride in elements. slots: (S,), -1 = padding (output zero, no access).
+ * x, y: (S, H, P); dt: (S, H) already dt' (softplus, bias and limit applied); A: (H,);
+ * B, C: (S, G, N); D: (H, P). One (sequence, head) per iteration: the state is read, decayed,
+ * updated, seen through C and written back while it is in the cache. */
+void tandem_ssm_state_update(void *states, int bf16, int64_t slot_stride, int64_t head_stride,
+                             const int64_t *slots, int num_seqs, int num_heads, int head_dim, int d_state,
+                             int num_groups, const float *x, const float *dt, const float *A, const float *B,
+                             const float *C, const float *D, float *y, int num_threads) {
+    const int heads_per_group = num_heads / num_groups;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t item = 0; item < (int64_t)num_seqs * num_heads; item++) {
+        const int seq = (int)(item / num_heads), head = (int)(item % num_heads);
+        const int group = head / heads_per_group;
+        float *y_head = y + item * head_dim;
+        const int64_t slot = slots[seq];
+        if (slot < 0) {
+            memset(y_head, 0, (size_t)head_dim * sizeof(float));
+            continue;
+        }
+        const float step = dt[item];
+        const float decay = expf(step * A[head]);
+        const float *x_head = x + item * head_dim;
+        const float *b = B + ((int64_t)seq * num_groups + group) * d_state;
+        const float *c = C + ((int64_t)seq * num_groups + group) * d_state;
+        const int64_t base = slot * slot_stride + head * head_stride;
+        float row[d_state];
+        for (int p = 0; p < head_dim; p++) {
+            const int64_t offset = base + (int64_t)p * d_state;
+            const float xdt = x_head[p] * step;
+            float acc = 0.0f;
+            row_load(states, bf16, offset, row, d_state);
+#pragma omp simd reduction(+ : acc)
+            for (int n = 0; n < d_state; n++) {
+                row[n] = row[n] * decay + xdt * b[n];
+                acc += row[n] * c[n];
+            }
+            row_store(states, bf16, offset, row, d_state);
+            y_head[p] = acc + D[head * head_dim + p] * x_head[p];
+        }
+    }
+}
+
+/* Depthwise causal conv, one token per sequence. states: the pool, (slot, W-1, dim) with rows of
+ * `dim` contiguous values, slot_stride in elements. x, out: (S, dim); weight: (dim, W); bias: (dim,)
+ * or NULL; silu: apply x * sigmoid(x). slots: (S,), -1 = padding (output zero, no access).
+ * The state shifts by one row: its oldest input leaves and x enters. */
+void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64_t *slots, int num_seqs, int dim,
+                        int width, const float *x, const float *weight, const float *bias, int silu, float *out,
+                        int num_threads) {
+    const int block = 256; /* channels per work item: a few cache lines per state row */
+    const int blocks = (dim + block - 1) / block;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t item = 0; item < (int64_t)num_seqs * blocks; item++) {
+        const int seq = (int)(item / blocks);
+        const int first = (int)(item % blocks) * block;
+        const int count = dim - first < block ? dim - first : block;
+        float *o = out + (int64_t)seq * dim + first;
+        const int64_t slot = slots[seq];
+        if (slot < 0) {
+            memset(o, 0, (size_t)count * sizeof(float));
+            continue;
+        }
+        const float *xs = x + (int64_t)seq * dim + first;
+        float window[width][block];
+        for (int k = 0; k < width - 1; k++)
+            row_load(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k], count);
+        memcpy(window[width - 1], xs, (size_t)count * sizeof(float));
+        for (int d = 0; d < count; d++) {
+            const float *w = weight + (int64_t)(first + d) * width;
+            float acc = bias ? bias[first + d] : 0.0f;
+            for (int k = 0; k < width; k++) acc += w[k] * window[k][d];
+            o[d] = silu ? acc / (1.0f + expf(-acc)) : acc;
+        }
+        for (int k = 0; k < width - 1; k++)
+            row_store(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k + 1], count);
+    }
+}

@@ -1,0 +1,163 @@
+"""Native CPU fast paths for the Mamba decode steps: cpu_native.c, built on first use, called through ctypes.
+
+The torch references make several passes over each gathered state (gather, update, scatter, reduce
+with C); the state pool is far larger than the caches, so each pass is a trip to memory. The C
+kernels update each state in place in one pass, as vLLM's CPU kernels do (docs/performance.md).
+
+The library is compiled once per machine and source (`cc -O3 -march=native -fopenmp`, a few
+seconds) into ~/.cache/tandem/native (TANDEM_CACHE_DIR moves it) and loaded next to torch, whose
+OpenMP runtime it shares. Without a C compiler, or with TANDEM_CPU_NATIVE=0, `available()` is
+False and the engine keeps the references. The launchers have the references' signatures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from runtime.kernels.causal_conv1d import causal_conv1d_update_ref
+from runtime.kernels.common import time_step
+from runtime.kernels.ssm_state_update import selective_state_update_ref
+
+logger = logging.getLogger("tandem")
+ENV_VAR = "TANDEM_CPU_NATIVE"
+SOURCE = Path(__file__).with_name("cpu_native.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+
+_SIGNATURES = {
+    "tandem_ssm_state_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
+    "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
+                           *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
+}
+
+
+def available() -> bool:
+    """The library is built and loaded here (and not switched off by TANDEM_CPU_NATIVE=0)."""
+    if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no"):
+        return False
+    return _library() is not None
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        logger.info("no C compiler found: the Mamba decode steps run on the torch references")
+        return None
+    try:
+        library = ctypes.CDLL(str(_build(compiler)))
+    except (OSError, subprocess.CalledProcessError) as err:
+        logger.warning("the native CPU kernels did not build (%s); the torch references run instead", err)
+        return None
+    for name, argtypes in _SIGNATURES.items():
+        getattr(library, name).argtypes = argtypes
+        getattr(library, name).restype = None
+    return library
+
+
+def _build(compiler: str) -> Path:
+    """The library for this source, these flags and this compiler, compiled unless already cached."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("TANDEM_CACHE_DIR") or Path.home() / ".cache" / "tandem") / "native"
+    target = cache / f"libtandem_cpu-{key}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
+        built = Path(scratch) / target.name
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True, capture_output=True)
+        os.replace(built, target)
+    return target
+
+
+def _pointers(*tensors: Tensor | None) -> tuple[list[int | None], list[Tensor | None]]:
+    """Data pointers of contiguous float32 copies (or the tensors themselves where they already are);
+    the copies are returned too, and must outlive the call."""
+    held = [None if t is None else t.to(torch.float32).contiguous() for t in tensors]
+    return [None if t is None else t.data_ptr() for t in held], held
+
+
+def supports_state_pool(states: Tensor, row_dims: int) -> bool:
+    """The kernels address a float32 or bfloat16 pool whose last `row_dims` dims are contiguous
+    inside each slot (any slot stride): the pool views the engine builds are."""
+    if states.dtype not in STATE_DTYPES or states.device.type != "cpu":
+        return False
+    expected = 1
+    for size, stride in zip(reversed(states.shape[-row_dims:]), reversed(states.stride()[-row_dims:])):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def selective_state_update_native(
+    ssm_states: Tensor,
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor,
+    dt_bias: Tensor,
+    dt_limit: tuple[float, float],
+    state_indices: Tensor,
+    out: Tensor,
+) -> Tensor:
+    """selective_state_update_ref in one pass per state (same arguments, same result up to summation order);
+    the reference itself for a pool the kernel cannot address (a float16 one)."""
+    if not supports_state_pool(ssm_states, 2):
+        return selective_state_update_ref(ssm_states, x, dt, A, B, C, D, dt_bias, dt_limit, state_indices, out)
+    num_seqs, num_heads, head_dim = x.shape
+    num_groups, d_state = B.shape[1:]
+    assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and A.shape == (num_heads,)
+    assert num_heads % num_groups == 0 and state_indices.shape == (num_seqs,)
+    y = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
+    slots = state_indices.to(torch.int64).contiguous()
+    per_channel = D.float().reshape(num_heads, -1).expand(num_heads, head_dim)
+    inputs, _held = _pointers(x, time_step(dt, dt_bias, dt_limit), A, B, C, per_channel)
+    _library().tandem_ssm_state_update(
+        ssm_states.data_ptr(), ssm_states.dtype == torch.bfloat16, ssm_states.stride(0), ssm_states.stride(1),
+        slots.data_ptr(), num_seqs, num_heads, head_dim, d_state, num_groups, *inputs, y.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out.copy_(y)
+
+
+def causal_conv1d_update_native(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    conv_states: Tensor,
+    state_indices: Tensor,
+    activation: str | None = "silu",
+) -> Tensor:
+    """causal_conv1d_update_ref in one pass per state (same arguments, same result up to summation order);
+    the reference itself for a pool the kernel cannot address (a float16 one)."""
+    if not supports_state_pool(conv_states, 1) or conv_states.stride(1) != x.shape[1]:
+        return causal_conv1d_update_ref(x, weight, bias, conv_states, state_indices, activation)
+    num_seqs, dim = x.shape
+    width = weight.shape[1]
+    assert conv_states.shape[1:] == (width - 1, dim) and state_indices.shape == (num_seqs,)
+    assert activation in (None, "silu", "swish")
+    out = torch.empty(num_seqs, dim, dtype=torch.float32)
+    slots = state_indices.to(torch.int64).contiguous()
+    inputs, _held = _pointers(x, weight, bias)
+    _library().tandem_conv_update(
+        conv_states.data_ptr(), conv_states.dtype == torch.bfloat16, conv_states.stride(0), slots.data_ptr(),
+        num_seqs, dim, width, *inputs, activation is not None, out.data_ptr(), torch.get_num_threads(),
+    )
+    return out.to(x.dtype)

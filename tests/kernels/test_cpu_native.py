@@ -1,0 +1,99 @@
+"""cpu_native.c's decode kernels against their torch references, on random inputs in strided pool views."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from mamba2_oracle import random_ssm_inputs
+
+from runtime.kernels import cpu_native
+from runtime.kernels.causal_conv1d import causal_conv1d_update_ref
+from runtime.kernels.ssm_state_update import selective_state_update_ref
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="the native CPU kernels do not build here")
+
+NUM_SLOTS = 7
+# The kernel rounds float32 to bfloat16 once, as the reference; sums in another order differ by an ulp.
+TOLERANCES = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+
+
+def state_views(page_pool, state_dtype, shape, seed):
+    """Two pools holding the same random states at a slot stride that is not the state's size."""
+    nbytes = state_dtype.itemsize * torch.Size(shape).numel()
+    pools = [page_pool(NUM_SLOTS, 2, nbytes + 96, seed=seed) for _ in range(2)]
+    views = [pool.view(1, 32, state_dtype, shape) for pool in pools]
+    views[0].copy_(torch.randn(views[0].shape) * 0.5)
+    views[1].copy_(views[0])
+    return pools, views
+
+
+@pytest.mark.parametrize("dtype, state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("groups, per_channel_d, dt_limit", [(1, False, (0.0, float("inf"))), (2, True, (0.05, 0.8))])
+def test_state_update_matches_the_reference(page_pool, dtype, state_dtype, groups, per_channel_d, dt_limit):
+    torch.manual_seed(groups)
+    heads, head_dim, d_state = 4, 12, 40  # d_state not a multiple of the vector width
+    pools, (ours, theirs) = state_views(page_pool, state_dtype, (heads, head_dim, d_state), seed=groups)
+    slots = torch.tensor([3, -1, 0, 6, 2])
+    inputs = random_ssm_inputs(len(slots), heads, head_dim, groups, d_state, dtype)
+    if per_channel_d:
+        inputs["D"] = torch.randn(heads, head_dim, dtype=dtype)
+    pools[0].allow_writes(ours, slots[slots >= 0])
+    before = pools[0].snapshot()
+    out, expected = torch.full_like(inputs["x"], float("nan")), torch.empty_like(inputs["x"])
+
+    result = cpu_native.selective_state_update_native(ours, **inputs, dt_limit=dt_limit, state_indices=slots,
+                                                      out=out)
+    selective_state_update_ref(theirs, **inputs, dt_limit=dt_limit, state_indices=slots, out=expected)
+
+    assert result is out and out.dtype == dtype
+    assert torch.equal(out[1], torch.zeros_like(out[1]))  # padding: zero output
+    tolerance = TOLERANCES[torch.bfloat16 if torch.bfloat16 in (dtype, state_dtype) else torch.float32]
+    torch.testing.assert_close(out.float(), expected.float(), **tolerance)
+    torch.testing.assert_close(ours.float(), theirs.float(), **tolerance)
+    pools[0].assert_untouched_outside_allowed(before)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width, dim, bias, activation", [(4, 600, True, "silu"), (3, 40, False, None)])
+def test_conv_update_matches_the_reference(page_pool, state_dtype, width, dim, bias, activation):
+    torch.manual_seed(width)
+    pools, (ours, theirs) = state_views(page_pool, state_dtype, (width - 1, dim), seed=width)
+    slots = torch.tensor([5, 1, -1, 4])
+    x = torch.randn(len(slots), dim).to(state_dtype)
+    weight, b = torch.randn(dim, width), (torch.randn(dim) if bias else None)
+    pools[0].allow_writes(ours, slots[slots >= 0])
+    before = pools[0].snapshot()
+
+    out = cpu_native.causal_conv1d_update_native(x, weight, b, ours, slots, activation)
+    expected = causal_conv1d_update_ref(x, weight, b, theirs, slots, activation)
+
+    assert out.dtype == x.dtype and torch.equal(out[2], torch.zeros_like(out[2]))
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[state_dtype])
+    assert torch.equal(ours, theirs)  # the state only shifts: no arithmetic, so exactly equal
+    pools[0].assert_untouched_outside_allowed(before)
+
+
+def test_a_float16_pool_falls_back_to_the_reference(page_pool):
+    torch.manual_seed(0)
+    pools, (ours, theirs) = state_views(page_pool, torch.float16, (2, 4, 8), seed=1)
+    slots = torch.tensor([1, 4])
+    inputs = random_ssm_inputs(2, 2, 4, 1, 8, torch.float16)
+    out, expected = torch.empty_like(inputs["x"]), torch.empty_like(inputs["x"])
+    cpu_native.selective_state_update_native(ours, **inputs, dt_limit=(0.0, float("inf")), state_indices=slots,
+                                             out=out)
+    selective_state_update_ref(theirs, **inputs, dt_limit=(0.0, float("inf")), state_indices=slots, out=expected)
+    assert torch.equal(out, expected) and torch.equal(ours, theirs)
+
+
+def test_the_library_builds_into_the_cache_directory_and_can_be_switched_off(tmp_path):
+    code = ("from runtime.kernels import cpu_native; import os; print(cpu_native.available()); "
+            "os.environ['TANDEM_CPU_NATIVE'] = '0'; print(cpu_native.available())")
+    env = {**os.environ, "TANDEM_CACHE_DIR": str(tmp_path)}
+    env.pop("TANDEM_CPU_NATIVE", None)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["True", "False"]
+    built = list((tmp_path / "native").iterdir())
+    assert len(built) == 1 and built[0].name.startswith("libtandem_cpu-") and built[0].suffix == ".so"
