@@ -87,6 +87,7 @@ IMPLEMENTATIONS = {
 NATIVE = {
     "selective_state_update": cpu_native.selective_state_update_native,
     "causal_conv1d_update": cpu_native.causal_conv1d_update_native,
+    "ssd_scan": cpu_native.ssd_scan_native,
 }
 
 backend = "torch"  # the references, until an engine binds

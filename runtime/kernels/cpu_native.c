@@ -8,6 +8,7 @@
  */
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -125,5 +126,91 @@ void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64
         }
         for (int k = 0; k < width - 1; k++)
             row_store(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k + 1], count);
+    }
+}
+
+/* A slice [n0, n0 + count) of one state row (fixed p) of one head through tokens [begin, end):
+ * y[t, p] accumulates this slice's share of state_t . C_t. With count a constant 32, the slice stays
+ * in eight vector registers for the whole sequence and only B_t and C_t stream in. */
+#define SCAN_SLICE_BODY(COUNT)                                                             \
+    for (int64_t t = begin; t < end; t++) {                                                \
+        const int64_t th = t * num_heads + head;                                           \
+        const float xdt = x[th * head_dim + p] * dt[th];                                   \
+        const float decay = decays[th];                                                    \
+        const float *b = B + (t * num_groups + group) * d_state + n0;                      \
+        const float *c = C + (t * num_groups + group) * d_state + n0;                      \
+        float acc = 0.0f;                                                                  \
+        _Pragma("omp simd reduction(+ : acc)")                                             \
+        for (int n = 0; n < (COUNT); n++) {                                                \
+            r[n] = r[n] * decay + xdt * b[n];                                              \
+            acc += r[n] * c[n];                                                            \
+        }                                                                                  \
+        y[th * head_dim + p] += acc;                                                       \
+    }
+
+#define SLICE 32
+
+static void scan_slice_fixed(float *row, int n0, int d_state, int64_t begin, int64_t end, int num_heads, int head,
+                             int num_groups, int group, int head_dim, int p, const float *x, const float *dt,
+                             const float *decays, const float *B, const float *C, float *y) {
+    float r[SLICE];
+    memcpy(r, row + n0, sizeof r);
+    SCAN_SLICE_BODY(SLICE)
+    memcpy(row + n0, r, sizeof r);
+}
+
+static void scan_slice(float *row, int n0, int count, int d_state, int64_t begin, int64_t end, int num_heads,
+                       int head, int num_groups, int group, int head_dim, int p, const float *x, const float *dt,
+                       const float *decays, const float *B, const float *C, float *y) {
+    float *r = row + n0;
+    SCAN_SLICE_BODY(count)
+}
+
+/* Mamba-2 prefill as the plain recurrence, token by token (vLLM's CPU design): linear in tokens, and
+ * each (sequence, head) state stays in the core's cache for the whole sequence. x, y: (T, H, P);
+ * dt: (T, H) already dt'; decays: (T, H) exp(dt' A); B, C: (T, G, N); starts: (S+1,) token offsets; resume: (S,) start from the
+ * pool's state (else zeros); slots: (S,), -1 = padding (no read, no write; outputs still computed
+ * from zeros, as the reference does). The final state of each sequence is written to its slot. */
+void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_stride, const int64_t *slots,
+                     const int32_t *starts, const uint8_t *resume, int num_seqs, int num_heads, int head_dim,
+                     int d_state, int num_groups, const float *x, const float *dt, const float *decays,
+                     const float *B, const float *C, const float *D, float *y, int num_threads) {
+    const int heads_per_group = num_heads / num_groups;
+    const int64_t state_size = (int64_t)head_dim * d_state;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *state = (float *)malloc((size_t)state_size * sizeof(float));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < (int64_t)num_seqs * num_heads; item++) {
+            const int seq = (int)(item / num_heads), head = (int)(item % num_heads);
+            const int group = head / heads_per_group;
+            const int64_t slot = slots[seq];
+            const int64_t base = slot * slot_stride + head * head_stride;
+            if (slot >= 0 && resume[seq]) {
+                for (int p = 0; p < head_dim; p++)
+                    row_load(states, bf16, base + (int64_t)p * d_state, state + (int64_t)p * d_state, d_state);
+            } else {
+                memset(state, 0, (size_t)state_size * sizeof(float));
+            }
+            for (int64_t t = starts[seq]; t < starts[seq + 1]; t++) {
+                const int64_t th = t * num_heads + head;
+                for (int p = 0; p < head_dim; p++) y[th * head_dim + p] = D[head * head_dim + p] * x[th * head_dim + p];
+            }
+            for (int p = 0; p < head_dim; p++) {
+                float *row = state + (int64_t)p * d_state;
+                int n0 = 0;
+                for (; n0 + SLICE <= d_state; n0 += SLICE)
+                    scan_slice_fixed(row, n0, d_state, starts[seq], starts[seq + 1], num_heads, head, num_groups,
+                                     group, head_dim, p, x, dt, decays, B, C, y);
+                if (n0 < d_state)
+                    scan_slice(row, n0, d_state - n0, d_state, starts[seq], starts[seq + 1], num_heads, head,
+                               num_groups, group, head_dim, p, x, dt, decays, B, C, y);
+            }
+            if (slot >= 0) {
+                for (int p = 0; p < head_dim; p++)
+                    row_store(states, bf16, base + (int64_t)p * d_state, state + (int64_t)p * d_state, d_state);
+            }
+        }
+        free(state);
     }
 }

@@ -27,17 +27,21 @@ from torch import Tensor
 
 from runtime.kernels.causal_conv1d import causal_conv1d_update_ref
 from runtime.kernels.common import time_step
+from runtime.kernels.metadata import MambaPrefillMetadata
+from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
 
 logger = logging.getLogger("tandem")
 ENV_VAR = "TANDEM_CPU_NATIVE"
 SOURCE = Path(__file__).with_name("cpu_native.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 _SIGNATURES = {
     "tandem_ssm_state_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                 *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
+    "tandem_ssm_scan": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3,
+                        *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
                            *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
 }
@@ -161,3 +165,42 @@ def causal_conv1d_update_native(
         num_seqs, dim, width, *inputs, activation is not None, out.data_ptr(), torch.get_num_threads(),
     )
     return out.to(x.dtype)
+
+
+def ssd_scan_native(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor,
+    dt_bias: Tensor,
+    dt_limit: tuple[float, float],
+    ssm_states: Tensor,
+    state_indices: Tensor,
+    meta: MambaPrefillMetadata,
+    out: Tensor,
+) -> Tensor:
+    """ssd_scan_ref as the token-by-token recurrence (same arguments; the same result up to float32
+    rounding: the chunked form sums the same terms in another order); the reference itself for a pool
+    the kernel cannot address (a float16 one)."""
+    if not supports_state_pool(ssm_states, 2):
+        return ssd_scan_ref(x, dt, A, B, C, D, dt_bias, dt_limit, ssm_states, state_indices, meta, out)
+    num_tokens, num_heads, head_dim = x.shape
+    num_groups, d_state = B.shape[1:]
+    assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and A.shape == (num_heads,)
+    assert num_heads % num_groups == 0 and state_indices.shape == (meta.num_sequences,)
+    y = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
+    slots = state_indices.to(torch.int64).contiguous()
+    starts = meta.query_start_loc.to(torch.int32).contiguous()
+    resume = meta.has_initial_state.to(torch.uint8).contiguous()
+    assert starts.shape == (meta.num_sequences + 1,) and int(starts[-1]) == num_tokens
+    per_channel = D.float().reshape(num_heads, -1).expand(num_heads, head_dim)
+    step = time_step(dt, dt_bias, dt_limit)
+    inputs, _held = _pointers(x, step, torch.exp(step * A), B, C, per_channel)
+    _library().tandem_ssm_scan(
+        ssm_states.data_ptr(), ssm_states.dtype == torch.bfloat16, ssm_states.stride(0), ssm_states.stride(1),
+        slots.data_ptr(), starts.data_ptr(), resume.data_ptr(), meta.num_sequences, num_heads, head_dim, d_state,
+        num_groups, *inputs, y.data_ptr(), torch.get_num_threads(),
+    )
+    return out.copy_(y)

@@ -1,4 +1,4 @@
-"""cpu_native.c's decode kernels against their torch references, on random inputs in strided pool views."""
+"""cpu_native.c's Mamba kernels against their torch references, on random inputs in strided pool views."""
 
 import os
 import subprocess
@@ -10,6 +10,8 @@ from mamba2_oracle import random_ssm_inputs
 
 from runtime.kernels import cpu_native
 from runtime.kernels.causal_conv1d import causal_conv1d_update_ref
+from runtime.kernels.metadata import build_mamba_prefill_metadata
+from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="the native CPU kernels do not build here")
@@ -97,3 +99,28 @@ def test_the_library_builds_into_the_cache_directory_and_can_be_switched_off(tmp
     assert result.stdout.split() == ["True", "False"]
     built = list((tmp_path / "native").iterdir())
     assert len(built) == 1 and built[0].name.startswith("libtandem_cpu-") and built[0].suffix == ".so"
+
+
+@pytest.mark.parametrize("dtype, state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
+def test_scan_matches_the_chunked_reference(page_pool, dtype, state_dtype):
+    """Fresh and resumed sequences over several chunks, and a padding slot, against ssd_scan_ref."""
+    torch.manual_seed(7)
+    heads, head_dim, groups, d_state = 4, 8, 2, 24
+    pools, (ours, theirs) = state_views(page_pool, state_dtype, (heads, head_dim, d_state), seed=3)
+    query_lens, computed = [19, 1, 7, 12], [0, 5, 16, 0]
+    slots = torch.tensor([2, 5, -1, 0])
+    meta = build_mamba_prefill_metadata(query_lens, computed, chunk_size=8, device="cpu")
+    inputs = random_ssm_inputs(sum(query_lens), heads, head_dim, groups, d_state, dtype)
+    pools[0].allow_writes(ours, slots[slots >= 0])
+    before = pools[0].snapshot()
+    out, expected = torch.full_like(inputs["x"], float("nan")), torch.empty_like(inputs["x"])
+
+    cpu_native.ssd_scan_native(**inputs, dt_limit=(0.0, float("inf")), ssm_states=ours, state_indices=slots,
+                               meta=meta, out=out)
+    ssd_scan_ref(**inputs, dt_limit=(0.0, float("inf")), ssm_states=theirs, state_indices=slots, meta=meta,
+                 out=expected)
+
+    tolerance = TOLERANCES[state_dtype] if dtype == torch.float32 else dict(atol=6e-2, rtol=3e-2)
+    torch.testing.assert_close(out.float(), expected.float(), **tolerance)
+    torch.testing.assert_close(ours.float(), theirs.float(), **tolerance)
+    pools[0].assert_untouched_outside_allowed(before)
