@@ -88,6 +88,8 @@ NATIVE = {
     "selective_state_update": cpu_native.selective_state_update_native,
     "causal_conv1d_update": cpu_native.causal_conv1d_update_native,
     "ssd_scan": cpu_native.ssd_scan_native,
+    "causal_conv1d_fn": cpu_native.causal_conv1d_fn_native,
+    "rms_norm_gated": cpu_native.rms_norm_gated_native,
 }
 
 backend = "torch"  # the references, until an engine binds

@@ -19,6 +19,45 @@ static inline float bf16_load(const uint16_t *p) {
     return value;
 }
 
+static inline float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* exp(x) for 8 floats, within 2 ulp of expf (Cephes' polynomial): libm's expf is scalar, and the
+ * SiLU of a prefill's conv and norm outputs calls it millions of times. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.5f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fmadd_ps(k, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+}
+
+static void silu_inplace(float *v, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(v + i);
+        const __m256 denominator = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)));
+        _mm256_storeu_ps(v + i, _mm256_div_ps(x, denominator));
+    }
+    for (; i < n; i++) v[i] = silu_f(v[i]);
+}
+#else
+static void silu_inplace(float *v, int n) {
+    for (int i = 0; i < n; i++) v[i] = silu_f(v[i]);
+}
+#endif
+
 /* Round to nearest even, as torch's float32 -> bfloat16 conversion (NaN stays NaN). */
 static inline void bf16_store(uint16_t *p, float value) {
     uint32_t bits;
@@ -122,7 +161,7 @@ void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64
             const float *w = weight + (int64_t)(first + d) * width;
             float acc = bias ? bias[first + d] : 0.0f;
             for (int k = 0; k < width; k++) acc += w[k] * window[k][d];
-            o[d] = silu ? acc / (1.0f + expf(-acc)) : acc;
+            o[d] = silu ? silu_f(acc) : acc;
         }
         for (int k = 0; k < width - 1; k++)
             row_store(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k + 1], count);
@@ -212,5 +251,87 @@ void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_s
             }
         }
         free(state);
+    }
+}
+
+/* Depthwise causal conv over packed prefill tokens. x, out: (T, dim) float32; starts: (S+1,); resume:
+ * (S,) start from the pool's state (else zeros); slots: (S,), -1 = padding (no read, no write). Each
+ * weight_t: (W, dim), the weights transposed. Each sequence's last W-1 inputs (shifting the old state
+ * for a sequence shorter than that) become its
+ * state. One (sequence, channel block) per work item: it alone reads and writes that part of the state. */
+void tandem_conv_fn(void *states, int bf16, int64_t slot_stride, const int64_t *slots, const int32_t *starts,
+                    const uint8_t *resume, int num_seqs, int dim, int width, const float *x, const float *weight_t,
+                    const float *bias, int silu, float *out, int num_threads) {
+    enum { BLOCK = 64 };
+    const int blocks = (dim + BLOCK - 1) / BLOCK;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 4)
+    for (int64_t item = 0; item < (int64_t)num_seqs * blocks; item++) {
+        const int seq = (int)(item / blocks);
+        const int first = (int)(item % blocks) * BLOCK;
+        const int count = dim - first < BLOCK ? dim - first : BLOCK;
+        const int64_t slot = slots[seq], start = starts[seq], length = starts[seq + 1] - starts[seq];
+        float history[width - 1][BLOCK]; /* the W-1 inputs before the sequence's first token */
+        for (int k = 0; k < width - 1; k++) {
+            if (slot >= 0 && resume[seq])
+                row_load(states, bf16, slot * slot_stride + (int64_t)k * dim + first, history[k], count);
+            else
+                memset(history[k], 0, sizeof history[k]);
+        }
+        for (int64_t i = 0; i < length; i++) {
+            float acc[BLOCK];
+            for (int d = 0; d < count; d++) acc[d] = bias ? bias[first + d] : 0.0f;
+            for (int k = 0; k < width; k++) {
+                const int64_t source = i - (width - 1) + k; /* position in the sequence; < 0: history */
+                const float *in = source >= 0 ? x + (start + source) * dim + first : history[width - 1 + source];
+                const float *w = weight_t + (int64_t)k * dim + first;
+                for (int d = 0; d < count; d++) acc[d] += w[d] * in[d];
+            }
+            float *o = out + (start + i) * dim + first;
+            if (silu) silu_inplace(acc, count);
+            memcpy(o, acc, (size_t)count * sizeof(float));
+        }
+        if (slot < 0) continue;
+        for (int j = 0; j < width - 1; j++) { /* row j of the new state: input length + j of [history, tokens] */
+            const int64_t source = length + j - (width - 1);
+            const float *in = source >= 0 ? x + (start + source) * dim + first : history[width - 1 + source];
+            row_store(states, bf16, slot * slot_stride + (int64_t)j * dim + first, in, count);
+        }
+    }
+}
+
+/* Gated RMSNorm (HF's MambaRMSNormGated; with no gate and one group, LlamaRMSNorm): h = x * silu(z) in
+ * float32, normalised per group, rounded to the input dtype, times weight (rounded again). x, z, out,
+ * weight share one dtype (bf16 or float32); x and z rows may be strided, out is contiguous. */
+void tandem_rms_norm(const void *x, int64_t x_stride, const void *z, int64_t z_stride, const void *weight,
+                     void *out, int bf16, int rows, int dim, int group_size, float eps, int num_threads) {
+    const int groups = dim / group_size;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if ((int64_t)rows * dim > 16384)
+    for (int64_t item = 0; item < (int64_t)rows * groups; item++) {
+        const int64_t row = item / groups;
+        const int first = (int)(item % groups) * group_size;
+        float h[group_size], w[group_size];
+        row_load(x, bf16, row * x_stride + first, h, group_size);
+        row_load(weight, bf16, first, w, group_size);
+        if (z) {
+            float gate[group_size];
+            row_load(z, bf16, row * z_stride + first, gate, group_size);
+            silu_inplace(gate, group_size);
+            for (int i = 0; i < group_size; i++) h[i] *= gate[i];
+        }
+        float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+        for (int i = 0; i < group_size; i++) squares += h[i] * h[i];
+        const float scale = 1.0f / sqrtf(squares / (float)group_size + eps);
+        for (int i = 0; i < group_size; i++) h[i] *= scale;
+        if (bf16) { /* round to the input dtype before the weight multiply, as HF */
+            uint16_t rounded;
+            for (int i = 0; i < group_size; i++) {
+                bf16_store(&rounded, h[i]);
+                h[i] = w[i] * bf16_load(&rounded);
+            }
+        } else {
+            for (int i = 0; i < group_size; i++) h[i] *= w[i];
+        }
+        row_store(out, bf16, row * (int64_t)dim + first, h, group_size);
     }
 }

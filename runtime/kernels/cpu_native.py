@@ -1,4 +1,4 @@
-"""Native CPU fast paths for the Mamba decode steps: cpu_native.c, built on first use, called through ctypes.
+"""Native CPU fast paths for the Mamba layers and the norms: cpu_native.c, built on first use, called through ctypes.
 
 The torch references make several passes over each gathered state (gather, update, scatter, reduce
 with C); the state pool is far larger than the caches, so each pass is a trip to memory. The C
@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from runtime.kernels.causal_conv1d import causal_conv1d_update_ref
+from runtime.kernels.causal_conv1d import causal_conv1d_fn_ref, causal_conv1d_update_ref
 from runtime.kernels.common import time_step
 from runtime.kernels.metadata import MambaPrefillMetadata
+from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
 
@@ -42,6 +43,10 @@ _SIGNATURES = {
                                 *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
     "tandem_ssm_scan": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3,
                         *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
+    "tandem_conv_fn": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 3,
+                       *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
+    "tandem_rms_norm": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                        ctypes.c_void_p, *[ctypes.c_int] * 4, ctypes.c_float, ctypes.c_int],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
                            *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
 }
@@ -204,3 +209,52 @@ def ssd_scan_native(
         num_groups, *inputs, y.data_ptr(), torch.get_num_threads(),
     )
     return out.copy_(y)
+
+
+def causal_conv1d_fn_native(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    conv_states: Tensor,
+    state_indices: Tensor,
+    meta: MambaPrefillMetadata,
+    activation: str | None = "silu",
+) -> Tensor:
+    """causal_conv1d_fn_ref in one pass over the tokens (same arguments, same result up to summation order);
+    the reference itself for a pool the kernel cannot address (a float16 one)."""
+    num_tokens, dim = x.shape
+    width = weight.shape[1]
+    if not supports_state_pool(conv_states, 1) or conv_states.stride(1) != dim:
+        return causal_conv1d_fn_ref(x, weight, bias, conv_states, state_indices, meta, activation)
+    assert conv_states.shape[1:] == (width - 1, dim) and state_indices.shape == (meta.num_sequences,)
+    assert activation in (None, "silu", "swish")
+    out = torch.empty(num_tokens, dim, dtype=torch.float32)
+    slots = state_indices.to(torch.int64).contiguous()
+    starts = meta.query_start_loc.to(torch.int32).contiguous()
+    resume = meta.has_initial_state.to(torch.uint8).contiguous()
+    assert starts.shape == (meta.num_sequences + 1,) and int(starts[-1]) == num_tokens
+    inputs, _held = _pointers(x, weight.t(), bias)
+    _library().tandem_conv_fn(
+        conv_states.data_ptr(), conv_states.dtype == torch.bfloat16, conv_states.stride(0), slots.data_ptr(),
+        starts.data_ptr(), resume.data_ptr(), meta.num_sequences, dim, width, *inputs, activation is not None,
+        out.data_ptr(), torch.get_num_threads(),
+    )
+    return out.to(x.dtype)
+
+
+def rms_norm_gated_native(x: Tensor, z: Tensor | None, weight: Tensor, eps: float, group_size: int) -> Tensor:
+    """rms_norm_gated_ref in one pass per row (same arguments, same result up to summation order), for x, z
+    and weight of one dtype, float32 or bfloat16, with contiguous rows; the reference for anything else."""
+    rows, dim = x.shape
+    same = x.dtype == weight.dtype and (z is None or z.dtype == x.dtype)
+    if not same or x.dtype not in STATE_DTYPES or x.stride(1) != 1 or (z is not None and z.stride(1) != 1):
+        return rms_norm_gated_ref(x, z, weight, eps, group_size)
+    assert dim % group_size == 0 and weight.shape == (dim,) and (z is None or z.shape == x.shape)
+    weight = weight.contiguous()
+    out = torch.empty(rows, dim, dtype=x.dtype)
+    _library().tandem_rms_norm(
+        x.data_ptr(), x.stride(0), None if z is None else z.data_ptr(), 0 if z is None else z.stride(0),
+        weight.data_ptr(), out.data_ptr(), x.dtype == torch.bfloat16, rows, dim, group_size, eps,
+        torch.get_num_threads(),
+    )
+    return out

@@ -9,8 +9,9 @@ import torch
 from mamba2_oracle import random_ssm_inputs
 
 from runtime.kernels import cpu_native
-from runtime.kernels.causal_conv1d import causal_conv1d_update_ref
+from runtime.kernels.causal_conv1d import causal_conv1d_fn_ref, causal_conv1d_update_ref
 from runtime.kernels.metadata import build_mamba_prefill_metadata
+from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
 
@@ -124,3 +125,49 @@ def test_scan_matches_the_chunked_reference(page_pool, dtype, state_dtype):
     torch.testing.assert_close(out.float(), expected.float(), **tolerance)
     torch.testing.assert_close(ours.float(), theirs.float(), **tolerance)
     pools[0].assert_untouched_outside_allowed(before)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_prefill_conv_matches_the_reference(page_pool, state_dtype):
+    """Fresh and resumed sequences, one shorter than the conv's history (its state shifts), and a padding slot."""
+    torch.manual_seed(11)
+    width, dim = 4, 150
+    pools, (ours, theirs) = state_views(page_pool, state_dtype, (width - 1, dim), seed=5)
+    query_lens, computed = [9, 2, 5, 1], [0, 7, 0, 3]
+    slots = torch.tensor([4, 0, -1, 6])
+    meta = build_mamba_prefill_metadata(query_lens, computed, chunk_size=4, device="cpu")
+    # A strided view, as the mixer passes a slice of its input projection.
+    x = torch.randn(sum(query_lens), dim + 10)[:, 3 : 3 + dim].to(state_dtype)
+    weight, bias = torch.randn(dim, width), torch.randn(dim)
+    pools[0].allow_writes(ours, slots[slots >= 0])
+    before = pools[0].snapshot()
+
+    out = cpu_native.causal_conv1d_fn_native(x, weight, bias, ours, slots, meta)
+    expected = causal_conv1d_fn_ref(x, weight, bias, theirs, slots, meta)
+
+    assert out.dtype == x.dtype
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[state_dtype])
+    assert torch.equal(ours, theirs)  # states are copied inputs: exactly equal
+    pools[0].assert_untouched_outside_allowed(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gated, group_size", [(True, 16), (True, 48), (False, 48)])
+def test_rms_norm_matches_the_reference(dtype, gated, group_size):
+    torch.manual_seed(group_size)
+    rows, dim = 9, 48
+    wide = torch.randn(rows, 2 * dim + 5, dtype=dtype) * 3
+    x, z = wide[:, :dim], (wide[:, dim + 5 :] if gated else None)  # strided rows, as split projections are
+    weight = torch.randn(dim, dtype=dtype)
+
+    out = cpu_native.rms_norm_gated_native(x, z, weight, 1e-5, group_size)
+    expected = rms_norm_gated_ref(x, z, weight, 1e-5, group_size)
+
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    torch.testing.assert_close(out, expected, **TOLERANCES[dtype])
+
+
+def test_rms_norm_of_mixed_dtypes_is_the_reference():
+    x, weight = torch.randn(3, 8), torch.randn(8, dtype=torch.bfloat16)
+    assert torch.equal(cpu_native.rms_norm_gated_native(x, None, weight, 1e-6, 8),
+                       rms_norm_gated_ref(x, None, weight, 1e-6, 8))
