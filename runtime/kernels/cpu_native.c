@@ -335,3 +335,65 @@ void tandem_rms_norm(const void *x, int64_t x_stride, const void *z, int64_t z_s
         row_store(out, bf16, row * (int64_t)dim + first, h, group_size);
     }
 }
+
+/* y = x W^T (+ bias) for a few rows of x: the single-sequence decode, where a linear only streams its
+ * weights, so reading them at full bandwidth is all that counts. w: (N, K) float32 or bfloat16 (read
+ * as is: half the bytes); x: (M, K), y: (M, N) float32; M <= GEMV_MAX_ROWS. Output rows in blocks
+ * per thread, so each thread streams its own part of W once for all M rows. */
+#define GEMV_MAX_ROWS 4
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 load8(const void *w, int bf16, int64_t offset) {
+    if (bf16) {
+        const __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + offset));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    }
+    return _mm256_loadu_ps((const float *)w + offset);
+}
+
+static inline float sum8(__m256 v) {
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
+
+static void gemv_row(const void *w, int bf16, int64_t n, int K, const float *x, int M, float *dots) {
+    __m256 acc[GEMV_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        const __m256 weights = load8(w, bf16, n * K + k);
+        for (int m = 0; m < M; m++) acc[m] = _mm256_fmadd_ps(weights, _mm256_loadu_ps(x + (int64_t)m * K + k), acc[m]);
+    }
+    for (int m = 0; m < M; m++) {
+        float total = sum8(acc[m]);
+        for (int j = k; j < K; j++) {
+            float weight;
+            row_load(w, bf16, n * K + j, &weight, 1);
+            total += weight * x[(int64_t)m * K + j];
+        }
+        dots[m] = total;
+    }
+}
+#else
+static void gemv_row(const void *w, int bf16, int64_t n, int K, const float *x, int M, float *dots) {
+    for (int m = 0; m < M; m++) dots[m] = 0.0f;
+    float weights[256];
+    for (int k0 = 0; k0 < K; k0 += 256) {
+        const int count = K - k0 < 256 ? K - k0 : 256;
+        row_load(w, bf16, n * K + k0, weights, count);
+        for (int m = 0; m < M; m++)
+            for (int j = 0; j < count; j++) dots[m] += weights[j] * x[(int64_t)m * K + k0 + j];
+    }
+}
+#endif
+
+void tandem_gemv(const void *w, int bf16, const float *x, const float *bias, float *y, int M, int N, int K,
+                 int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float dots[GEMV_MAX_ROWS];
+        gemv_row(w, bf16, n, K, x, M, dots);
+        for (int m = 0; m < M; m++) y[(int64_t)m * N + n] = dots[m] + (bias ? bias[n] : 0.0f);
+    }
+}

@@ -37,6 +37,7 @@ ENV_VAR = "TANDEM_CPU_NATIVE"
 SOURCE = Path(__file__).with_name("cpu_native.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 STATE_DTYPES = (torch.float32, torch.bfloat16)
+GEMV_MAX_ROWS = 4  # as in cpu_native.c
 
 _SIGNATURES = {
     "tandem_ssm_state_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
@@ -47,6 +48,7 @@ _SIGNATURES = {
                        *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
     "tandem_rms_norm": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                         ctypes.c_void_p, *[ctypes.c_int] * 4, ctypes.c_float, ctypes.c_int],
+    "tandem_gemv": [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
                            *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
 }
@@ -258,3 +260,18 @@ def rms_norm_gated_native(x: Tensor, z: Tensor | None, weight: Tensor, eps: floa
         torch.get_num_threads(),
     )
     return out
+
+
+def gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weight.T (+ bias) in float32 for at most GEMV_MAX_ROWS rows of x (K,); weight (N, K) float32
+    or bfloat16, contiguous, read as stored. The single-sequence decode's linears: streaming the weights
+    is their whole cost, and bfloat16 ones stream half the bytes."""
+    rows, in_features = x.shape
+    out_features = weight.shape[0]
+    assert rows <= GEMV_MAX_ROWS and weight.shape == (out_features, in_features) and weight.is_contiguous()
+    assert weight.dtype in STATE_DTYPES and (bias is None or bias.shape == (out_features,))
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    (x_ptr, bias_ptr), _held = _pointers(x, bias)
+    _library().tandem_gemv(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(), rows,
+                           out_features, in_features, torch.get_num_threads())
+    return y

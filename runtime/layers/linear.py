@@ -9,6 +9,10 @@ torch.compile's CPU backend does), where the CPU has bfloat16 instructions. Wher
 so a bfloat16 linear keeps its weights widened to float32 and multiplies in float32: a product of two
 bfloat16 values is exact in float32, and both paths accumulate in float32 and round the output to
 bfloat16, so only the summation order differs.
+
+A few rows (a single sequence's decode) go to cpu_native's matrix-vector kernel instead, on the weights
+as stored (a bfloat16 model's stream half the bytes), where the native library builds: oneDNN read them
+at about half the machine's bandwidth there.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import functools
 
 import torch
 from torch import nn
+
+from runtime.kernels import cpu_native
 
 PACK_ROWS = 32  # the batch size bfloat16 weights are laid out for
 
@@ -39,10 +45,18 @@ class PackedLinear(nn.Module):
                                  persistent=False)
             bias = linear.bias.detach() if linear.bias is not None else None
             self.register_buffer("bias", bias, persistent=False)
+        # A second copy of the weights, as stored, for the matrix-vector path.
+        native = cpu_native.available() and weight.dtype in cpu_native.STATE_DTYPES
+        self.register_buffer("dense_weight", weight.contiguous() if native else None, persistent=False)
+        bias = linear.bias.detach().float() if native and linear.bias is not None else None
+        self.register_buffer("dense_bias", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         rows = flat.shape[0]
+        if rows <= cpu_native.GEMV_MAX_ROWS and self.dense_weight is not None:
+            y = cpu_native.gemv(flat, self.dense_weight, self.dense_bias).to(self.dtype)
+            return y.view(*x.shape[:-1], self.out_features)
         # oneDNN keeps native memory (a primitive, its scratchpad) for every input shape it meets, and
         # the engine's token count changes every step: padded to a bucket, a long-running server meets
         # a few dozen shapes and its RSS levels off (bench/rss.py; issue 13). Padding rows are zeros

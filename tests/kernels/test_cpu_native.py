@@ -171,3 +171,15 @@ def test_rms_norm_of_mixed_dtypes_is_the_reference():
     x, weight = torch.randn(3, 8), torch.randn(8, dtype=torch.bfloat16)
     assert torch.equal(cpu_native.rms_norm_gated_native(x, None, weight, 1e-6, 8),
                        rms_norm_gated_ref(x, None, weight, 1e-6, 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, in_features, bias", [(1, 37, True), (3, 64, False), (4, 200, True)])
+def test_gemv_matches_a_float32_matmul(dtype, rows, in_features, bias):
+    """Weights read as stored (bfloat16 widened exactly), rows up to GEMV_MAX_ROWS, K with a vector tail."""
+    torch.manual_seed(rows)
+    weight = torch.randn(50, in_features).to(dtype)
+    x = torch.randn(rows, in_features)
+    b = torch.randn(50) if bias else None
+    expected = x @ weight.float().T + (b if bias else 0)
+    torch.testing.assert_close(cpu_native.gemv(x, weight, b), expected, atol=1e-4, rtol=1e-5)
