@@ -58,6 +58,42 @@ static void silu_inplace(float *v, int n) {
 }
 #endif
 
+/* One state row through one token: s = s * decay + xdt * b, in place; returns s . c. */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float sum8(__m256 v);
+
+static inline float update_row(float *s, const float *b, const float *c, float decay, float xdt, int n) {
+    const __m256 vd = _mm256_set1_ps(decay), vx = _mm256_set1_ps(xdt);
+    /* Two accumulators: one would chain every multiply-add of the row on the previous one's latency. */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 s0 = _mm256_fmadd_ps(vx, _mm256_loadu_ps(b + i), _mm256_mul_ps(_mm256_loadu_ps(s + i), vd));
+        const __m256 s1 = _mm256_fmadd_ps(vx, _mm256_loadu_ps(b + i + 8), _mm256_mul_ps(_mm256_loadu_ps(s + i + 8), vd));
+        _mm256_storeu_ps(s + i, s0);
+        _mm256_storeu_ps(s + i + 8, s1);
+        acc0 = _mm256_fmadd_ps(s0, _mm256_loadu_ps(c + i), acc0);
+        acc1 = _mm256_fmadd_ps(s1, _mm256_loadu_ps(c + i + 8), acc1);
+    }
+    float acc = sum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) {
+        s[i] = s[i] * decay + xdt * b[i];
+        acc += s[i] * c[i];
+    }
+    return acc;
+}
+#else
+static inline float update_row(float *s, const float *b, const float *c, float decay, float xdt, int n) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int i = 0; i < n; i++) {
+        s[i] = s[i] * decay + xdt * b[i];
+        acc += s[i] * c[i];
+    }
+    return acc;
+}
+#endif
+
 /* Round to nearest even, as torch's float32 -> bfloat16 conversion (NaN stays NaN). */
 static inline void bf16_store(uint16_t *p, float value) {
     uint32_t bits;
@@ -115,18 +151,14 @@ void tandem_ssm_state_update(void *states, int bf16, int64_t slot_stride, int64_
         const float *b = B + ((int64_t)seq * num_groups + group) * d_state;
         const float *c = C + ((int64_t)seq * num_groups + group) * d_state;
         const int64_t base = slot * slot_stride + head * head_stride;
-        float row[d_state];
+        float scratch[d_state];
         for (int p = 0; p < head_dim; p++) {
             const int64_t offset = base + (int64_t)p * d_state;
-            const float xdt = x_head[p] * step;
-            float acc = 0.0f;
-            row_load(states, bf16, offset, row, d_state);
-#pragma omp simd reduction(+ : acc)
-            for (int n = 0; n < d_state; n++) {
-                row[n] = row[n] * decay + xdt * b[n];
-                acc += row[n] * c[n];
-            }
-            row_store(states, bf16, offset, row, d_state);
+            /* A float32 pool is updated where it lies; a bfloat16 row goes through float32 scratch. */
+            float *row = bf16 ? scratch : (float *)states + offset;
+            if (bf16) row_load(states, bf16, offset, row, d_state);
+            const float acc = update_row(row, b, c, decay, x_head[p] * step, d_state);
+            if (bf16) row_store(states, bf16, offset, row, d_state);
             y_head[p] = acc + D[head * head_dim + p] * x_head[p];
         }
     }
@@ -168,42 +200,35 @@ void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64
     }
 }
 
-/* A slice [n0, n0 + count) of one state row (fixed p) of one head through tokens [begin, end):
- * y[t, p] accumulates this slice's share of state_t . C_t. With count a constant 32, the slice stays
- * in eight vector registers for the whole sequence and only B_t and C_t stream in. */
-#define SCAN_SLICE_BODY(COUNT)                                                             \
-    for (int64_t t = begin; t < end; t++) {                                                \
-        const int64_t th = t * num_heads + head;                                           \
-        const float xdt = x[th * head_dim + p] * dt[th];                                   \
-        const float decay = decays[th];                                                    \
-        const float *b = B + (t * num_groups + group) * d_state + n0;                      \
-        const float *c = C + (t * num_groups + group) * d_state + n0;                      \
-        float acc = 0.0f;                                                                  \
-        _Pragma("omp simd reduction(+ : acc)")                                             \
-        for (int n = 0; n < (COUNT); n++) {                                                \
-            r[n] = r[n] * decay + xdt * b[n];                                              \
-            acc += r[n] * c[n];                                                            \
-        }                                                                                  \
-        y[th * head_dim + p] += acc;                                                       \
+#if defined(__AVX2__) && defined(__FMA__)
+/* 64 values of one state row (fixed p) through tokens [begin, end), held in eight vector registers for
+ * the whole sequence: only B_t and C_t stream in, where a whole-row sweep per token would stream the
+ * head's state (32 KiB for 64 x 128) through the L1 cache at every token. y[t, p] accumulates the
+ * block's share of state_t . C_t. */
+static void scan_block64(float *row, int d_state, int64_t length, const float *xdt, const float *decay,
+                         const float *b, const float *c, int64_t bc_stride, float *y) {
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(row + 8 * i);
+    for (int64_t t = 0; t < length; t++, b += bc_stride, c += bc_stride) {
+        const __m256 vd = _mm256_set1_ps(decay[t]), vx = _mm256_set1_ps(xdt[t]);
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i += 2) {
+            r[i] = _mm256_fmadd_ps(vx, _mm256_loadu_ps(b + 8 * i), _mm256_mul_ps(r[i], vd));
+            r[i + 1] = _mm256_fmadd_ps(vx, _mm256_loadu_ps(b + 8 * i + 8), _mm256_mul_ps(r[i + 1], vd));
+            acc0 = _mm256_fmadd_ps(r[i], _mm256_loadu_ps(c + 8 * i), acc0);
+            acc1 = _mm256_fmadd_ps(r[i + 1], _mm256_loadu_ps(c + 8 * i + 8), acc1);
+        }
+        y[t] += sum8(_mm256_add_ps(acc0, acc1));
     }
-
-#define SLICE 32
-
-static void scan_slice_fixed(float *row, int n0, int d_state, int64_t begin, int64_t end, int num_heads, int head,
-                             int num_groups, int group, int head_dim, int p, const float *x, const float *dt,
-                             const float *decays, const float *B, const float *C, float *y) {
-    float r[SLICE];
-    memcpy(r, row + n0, sizeof r);
-    SCAN_SLICE_BODY(SLICE)
-    memcpy(row + n0, r, sizeof r);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) _mm256_storeu_ps(row + 8 * i, r[i]);
 }
-
-static void scan_slice(float *row, int n0, int count, int d_state, int64_t begin, int64_t end, int num_heads,
-                       int head, int num_groups, int group, int head_dim, int p, const float *x, const float *dt,
-                       const float *decays, const float *B, const float *C, float *y) {
-    float *r = row + n0;
-    SCAN_SLICE_BODY(count)
-}
+#define SCAN_BLOCK 64
+#else
+#define SCAN_BLOCK 0
+#endif
 
 /* Mamba-2 prefill as the plain recurrence, token by token (vLLM's CPU design): linear in tokens, and
  * each (sequence, head) state stays in the core's cache for the whole sequence. x, y: (T, H, P);
@@ -231,19 +256,40 @@ void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_s
             } else {
                 memset(state, 0, (size_t)state_size * sizeof(float));
             }
+#if SCAN_BLOCK
+            if (d_state % SCAN_BLOCK == 0) {
+                const int64_t first = starts[seq], length = starts[seq + 1] - starts[seq];
+                float *xdt = (float *)malloc((size_t)(2 * head_dim + 1) * length * sizeof(float));
+                float *ys = xdt + head_dim * length, *decay = ys + head_dim * length;
+                for (int64_t i = 0; i < length; i++) {
+                    const int64_t th = (first + i) * num_heads + head;
+                    decay[i] = decays[th];
+                    for (int p = 0; p < head_dim; p++) {
+                        xdt[p * length + i] = x[th * head_dim + p] * dt[th];
+                        ys[p * length + i] = D[head * head_dim + p] * x[th * head_dim + p];
+                    }
+                }
+                const float *b = B + (first * num_groups + group) * d_state, *c = C + (first * num_groups + group) * d_state;
+                for (int p = 0; p < head_dim; p++)
+                    for (int n0 = 0; n0 < d_state; n0 += SCAN_BLOCK)
+                        scan_block64(state + (int64_t)p * d_state + n0, d_state, length, xdt + p * length, decay, b + n0,
+                                     c + n0, (int64_t)num_groups * d_state, ys + p * length);
+                for (int64_t i = 0; i < length; i++) {
+                    const int64_t th = (first + i) * num_heads + head;
+                    for (int p = 0; p < head_dim; p++) y[th * head_dim + p] = ys[p * length + i];
+                }
+                free(xdt);
+            } else
+#endif
             for (int64_t t = starts[seq]; t < starts[seq + 1]; t++) {
                 const int64_t th = t * num_heads + head;
-                for (int p = 0; p < head_dim; p++) y[th * head_dim + p] = D[head * head_dim + p] * x[th * head_dim + p];
-            }
-            for (int p = 0; p < head_dim; p++) {
-                float *row = state + (int64_t)p * d_state;
-                int n0 = 0;
-                for (; n0 + SLICE <= d_state; n0 += SLICE)
-                    scan_slice_fixed(row, n0, d_state, starts[seq], starts[seq + 1], num_heads, head, num_groups,
-                                     group, head_dim, p, x, dt, decays, B, C, y);
-                if (n0 < d_state)
-                    scan_slice(row, n0, d_state - n0, d_state, starts[seq], starts[seq + 1], num_heads, head,
-                               num_groups, group, head_dim, p, x, dt, decays, B, C, y);
+                const float *b = B + (t * num_groups + group) * d_state;
+                const float *c = C + (t * num_groups + group) * d_state;
+                const float *x_t = x + th * head_dim;
+                for (int p = 0; p < head_dim; p++) {
+                    const float acc = update_row(state + (int64_t)p * d_state, b, c, decays[th], x_t[p] * dt[th], d_state);
+                    y[th * head_dim + p] = acc + D[head * head_dim + p] * x_t[p];
+                }
             }
             if (slot >= 0) {
                 for (int p = 0; p < head_dim; p++)

@@ -34,10 +34,11 @@ def state_views(page_pool, state_dtype, shape, seed):
 
 @pytest.mark.parametrize("dtype, state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                                 (torch.bfloat16, torch.float32)])
-@pytest.mark.parametrize("groups, per_channel_d, dt_limit", [(1, False, (0.0, float("inf"))), (2, True, (0.05, 0.8))])
-def test_state_update_matches_the_reference(page_pool, dtype, state_dtype, groups, per_channel_d, dt_limit):
+@pytest.mark.parametrize("groups, per_channel_d, dt_limit, d_state", [(1, False, (0.0, float("inf")), 40),
+                                                                      (2, True, (0.05, 0.8), 64)])
+def test_state_update_matches_the_reference(page_pool, dtype, state_dtype, groups, per_channel_d, dt_limit, d_state):
     torch.manual_seed(groups)
-    heads, head_dim, d_state = 4, 12, 40  # d_state not a multiple of the vector width
+    heads, head_dim = 4, 12  # d_state 40: a vector loop's tail; 64: whole vectors only
     pools, (ours, theirs) = state_views(page_pool, state_dtype, (heads, head_dim, d_state), seed=groups)
     slots = torch.tensor([3, -1, 0, 6, 2])
     inputs = random_ssm_inputs(len(slots), heads, head_dim, groups, d_state, dtype)
@@ -103,10 +104,11 @@ def test_the_library_builds_into_the_cache_directory_and_can_be_switched_off(tmp
 
 
 @pytest.mark.parametrize("dtype, state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
-def test_scan_matches_the_chunked_reference(page_pool, dtype, state_dtype):
+@pytest.mark.parametrize("d_state", [24, 128])  # the generic loop, and the AVX2 kernel's blocks of 64
+def test_scan_matches_the_chunked_reference(page_pool, dtype, state_dtype, d_state):
     """Fresh and resumed sequences over several chunks, and a padding slot, against ssd_scan_ref."""
     torch.manual_seed(7)
-    heads, head_dim, groups, d_state = 4, 8, 2, 24
+    heads, head_dim, groups = 4, 8, 2
     pools, (ours, theirs) = state_views(page_pool, state_dtype, (heads, head_dim, d_state), seed=3)
     query_lens, computed = [19, 1, 7, 12], [0, 5, 16, 0]
     slots = torch.tensor([2, 5, -1, 0])
