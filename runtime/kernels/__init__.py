@@ -90,6 +90,7 @@ NATIVE = {
     "ssd_scan": cpu_native.ssd_scan_native,
     "causal_conv1d_fn": cpu_native.causal_conv1d_fn_native,
     "rms_norm_gated": cpu_native.rms_norm_gated_native,
+    "paged_attention": cpu_native.paged_attention_native,
 }
 
 backend = "torch"  # the references, until an engine binds

@@ -94,6 +94,29 @@ static inline float update_row(float *s, const float *b, const float *c, float d
 }
 #endif
 
+/* x . y over n floats. */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float dot_product(const float *x, const float *y, int n) {
+    /* Two accumulators, as update_row: one would wait on each multiply-add's latency in turn. */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+    }
+    float total = sum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) total += x[i] * y[i];
+    return total;
+}
+#else
+static inline float dot_product(const float *x, const float *y, int n) {
+    float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (int i = 0; i < n; i++) total += x[i] * y[i];
+    return total;
+}
+#endif
+
 /* Round to nearest even, as torch's float32 -> bfloat16 conversion (NaN stays NaN). */
 static inline void bf16_store(uint16_t *p, float value) {
     uint32_t bits;
@@ -441,5 +464,50 @@ void tandem_gemv(const void *w, int bf16, const float *x, const float *bias, flo
         float dots[GEMV_MAX_ROWS];
         gemv_row(w, bf16, n, K, x, M, dots);
         for (int m = 0; m < M; m++) y[(int64_t)m * N + n] = dots[m] + (bias ? bias[n] : 0.0f);
+    }
+}
+
+/* Decode attention over the paged cache: one new token per sequence attends its seq_len cached keys.
+ * k, v: the cache views, (pages, block_size, Hkv, D) with the given element strides (D contiguous);
+ * block_table: (S, table_stride) page ids; q, out: (S, Hq, D) float32. One (sequence, KV head) per
+ * work item: its keys and values are read once, in place, for the Hq / Hkv query heads that share them. */
+void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t page_stride, int64_t token_stride,
+                             int64_t head_stride, int block_size, const int32_t *block_table, int64_t table_stride,
+                             const int32_t *seq_lens, int num_seqs, int num_q_heads, int num_kv_heads, int head_dim,
+                             const float *q, float scale, float *out, int num_threads) {
+    const int group = num_q_heads / num_kv_heads;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t item = 0; item < (int64_t)num_seqs * num_kv_heads; item++) {
+        const int seq = (int)(item / num_kv_heads), kv_head = (int)(item % num_kv_heads);
+        const int length = seq_lens[seq];
+        float *scores = (float *)malloc((size_t)length * group * sizeof(float));
+        float row[head_dim];
+        const float *q_group = q + ((int64_t)seq * num_q_heads + (int64_t)kv_head * group) * head_dim;
+        for (int pos = 0; pos < length; pos++) {
+            const int64_t page = block_table[seq * table_stride + pos / block_size];
+            row_load(k, bf16, page * page_stride + (int64_t)(pos % block_size) * token_stride + kv_head * head_stride,
+                     row, head_dim);
+            for (int j = 0; j < group; j++)
+                scores[j * length + pos] = dot_product(q_group + j * head_dim, row, head_dim) * scale;
+        }
+        for (int j = 0; j < group; j++) { /* softmax over the sequence's keys, in float32 */
+            float *s = scores + (int64_t)j * length, top = s[0], total = 0.0f;
+            for (int pos = 1; pos < length; pos++) top = s[pos] > top ? s[pos] : top;
+            for (int pos = 0; pos < length; pos++) total += (s[pos] = expf(s[pos] - top));
+            for (int pos = 0; pos < length; pos++) s[pos] /= total;
+        }
+        float *o = out + ((int64_t)seq * num_q_heads + (int64_t)kv_head * group) * head_dim;
+        memset(o, 0, (size_t)group * head_dim * sizeof(float));
+        for (int pos = 0; pos < length; pos++) {
+            const int64_t page = block_table[seq * table_stride + pos / block_size];
+            row_load(v, bf16, page * page_stride + (int64_t)(pos % block_size) * token_stride + kv_head * head_stride,
+                     row, head_dim);
+            for (int j = 0; j < group; j++) {
+                const float p = scores[j * length + pos];
+#pragma omp simd
+                for (int d = 0; d < head_dim; d++) o[j * head_dim + d] += p * row[d];
+            }
+        }
+        free(scores);
     }
 }

@@ -1,12 +1,13 @@
-"""Native CPU fast paths for the Mamba layers and the norms: cpu_native.c, built on first use, called through ctypes.
+"""Native CPU fast paths for the Mamba layers, the norms and small linears: cpu_native.c, built on first
+use, called through ctypes.
 
 The torch references make several passes over each gathered state (gather, update, scatter, reduce
 with C); the state pool is far larger than the caches, so each pass is a trip to memory. The C
-kernels update each state in place in one pass, as vLLM's CPU kernels do (docs/performance.md).
+kernels update each state in place in one pass, as vLLM's CPU kernels do (docs/kernels.md).
 
-The library is compiled once per machine and source (`cc -O3 -march=native -fopenmp`, a few
-seconds) into ~/.cache/tandem/native (TANDEM_CACHE_DIR moves it) and loaded next to torch, whose
-OpenMP runtime it shares. Without a C compiler, or with TANDEM_CPU_NATIVE=0, `available()` is
+The library is compiled once per machine and source (`cc -O3 -march=native -fopenmp`, under a second
+here) into ~/.cache/tandem/native (TANDEM_CACHE_DIR moves it) and loaded next to torch, whose OpenMP
+runtime it shares. Without a C compiler, or with TANDEM_CPU_NATIVE=0, `available()` is
 False and the engine keeps the references. The launchers have the references' signatures.
 """
 
@@ -27,7 +28,8 @@ from torch import Tensor
 
 from runtime.kernels.causal_conv1d import causal_conv1d_fn_ref, causal_conv1d_update_ref
 from runtime.kernels.common import time_step
-from runtime.kernels.metadata import MambaPrefillMetadata
+from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
+from runtime.kernels.paged_attention import paged_attention_ref
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
@@ -49,6 +51,9 @@ _SIGNATURES = {
     "tandem_rms_norm": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                         ctypes.c_void_p, *[ctypes.c_int] * 4, ctypes.c_float, ctypes.c_int],
     "tandem_gemv": [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4],
+    "tandem_decode_attention": [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, *[ctypes.c_int64] * 3, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 4,
+                                ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
                            *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
 }
@@ -275,3 +280,35 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     _library().tandem_gemv(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(), rows,
                            out_features, in_features, torch.get_num_threads())
     return y
+
+
+def paged_attention_native(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: Tensor,
+) -> Tensor:
+    """paged_attention_ref for a step of decodes only, reading each sequence's keys and values in place
+    (same arguments, same result up to summation order); the reference for a step with a prefill
+    chunk, and for caches the kernel cannot address (float16, or a head dim with a stride)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    addressable = (k_cache.dtype in STATE_DTYPES and v_cache.dtype == k_cache.dtype
+                   and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1)
+    if meta.max_query_len != 1 or not addressable:
+        return paged_attention_ref(q, k_cache, v_cache, block_table, meta, scale, out)
+    assert num_tokens == meta.num_sequences and num_q_heads % num_kv_heads == 0 and out.shape == q.shape
+    table = block_table.to(torch.int32).contiguous()
+    seq_lens = meta.seq_lens.to(torch.int32).contiguous()
+    result = torch.empty(num_tokens, num_q_heads, head_dim, dtype=torch.float32)
+    (q_ptr,), _held = _pointers(q)
+    _library().tandem_decode_attention(
+        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, k_cache.stride(0),
+        k_cache.stride(1), k_cache.stride(2), k_cache.shape[1], table.data_ptr(), table.stride(0),
+        seq_lens.data_ptr(), num_tokens, num_q_heads, num_kv_heads, head_dim, q_ptr, scale, result.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out.copy_(result)
