@@ -38,7 +38,7 @@ logger = logging.getLogger("tandem")
 ENV_VAR = "TANDEM_CPU_NATIVE"
 SOURCE = Path(__file__).with_name("cpu_native.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-STATE_DTYPES = (torch.float32, torch.bfloat16)
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # what the kernels read and write: states, caches, weights
 GEMV_MAX_ROWS = 4  # as in cpu_native.c
 
 _SIGNATURES = {
@@ -107,10 +107,20 @@ def _pointers(*tensors: Tensor | None) -> tuple[list[int | None], list[Tensor | 
     return [None if t is None else t.data_ptr() for t in held], held
 
 
+def _prefill_arrays(state_indices: Tensor, meta: MambaPrefillMetadata,
+                    num_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The prefill kernels' per-sequence arrays in the C types they read: slots (int64), token offsets
+    (int32) and whether each sequence resumes from its state (uint8)."""
+    starts = meta.query_start_loc.to(torch.int32).contiguous()
+    assert starts.shape == (meta.num_sequences + 1,) and int(starts[-1]) == num_tokens
+    return (state_indices.to(torch.int64).contiguous(), starts,
+            meta.has_initial_state.to(torch.uint8).contiguous())
+
+
 def supports_state_pool(states: Tensor, row_dims: int) -> bool:
     """The kernels address a float32 or bfloat16 pool whose last `row_dims` dims are contiguous
     inside each slot (any slot stride): the pool views the engine builds are."""
-    if states.dtype not in STATE_DTYPES or states.device.type != "cpu":
+    if states.dtype not in NATIVE_DTYPES or states.device.type != "cpu":
         return False
     expected = 1
     for size, stride in zip(reversed(states.shape[-row_dims:]), reversed(states.stride()[-row_dims:])):
@@ -203,10 +213,7 @@ def ssd_scan_native(
     assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and A.shape == (num_heads,)
     assert num_heads % num_groups == 0 and state_indices.shape == (meta.num_sequences,)
     y = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
-    slots = state_indices.to(torch.int64).contiguous()
-    starts = meta.query_start_loc.to(torch.int32).contiguous()
-    resume = meta.has_initial_state.to(torch.uint8).contiguous()
-    assert starts.shape == (meta.num_sequences + 1,) and int(starts[-1]) == num_tokens
+    slots, starts, resume = _prefill_arrays(state_indices, meta, num_tokens)
     per_channel = D.float().reshape(num_heads, -1).expand(num_heads, head_dim)
     step = time_step(dt, dt_bias, dt_limit)
     inputs, _held = _pointers(x, step, torch.exp(step * A), B, C, per_channel)
@@ -236,10 +243,7 @@ def causal_conv1d_fn_native(
     assert conv_states.shape[1:] == (width - 1, dim) and state_indices.shape == (meta.num_sequences,)
     assert activation in (None, "silu", "swish")
     out = torch.empty(num_tokens, dim, dtype=torch.float32)
-    slots = state_indices.to(torch.int64).contiguous()
-    starts = meta.query_start_loc.to(torch.int32).contiguous()
-    resume = meta.has_initial_state.to(torch.uint8).contiguous()
-    assert starts.shape == (meta.num_sequences + 1,) and int(starts[-1]) == num_tokens
+    slots, starts, resume = _prefill_arrays(state_indices, meta, num_tokens)
     inputs, _held = _pointers(x, weight.t(), bias)
     _library().tandem_conv_fn(
         conv_states.data_ptr(), conv_states.dtype == torch.bfloat16, conv_states.stride(0), slots.data_ptr(),
@@ -254,7 +258,7 @@ def rms_norm_gated_native(x: Tensor, z: Tensor | None, weight: Tensor, eps: floa
     and weight of one dtype, float32 or bfloat16, with contiguous rows; the reference for anything else."""
     rows, dim = x.shape
     same = x.dtype == weight.dtype and (z is None or z.dtype == x.dtype)
-    if not same or x.dtype not in STATE_DTYPES or x.stride(1) != 1 or (z is not None and z.stride(1) != 1):
+    if not same or x.dtype not in NATIVE_DTYPES or x.stride(1) != 1 or (z is not None and z.stride(1) != 1):
         return rms_norm_gated_ref(x, z, weight, eps, group_size)
     assert dim % group_size == 0 and weight.shape == (dim,) and (z is None or z.shape == x.shape)
     weight = weight.contiguous()
@@ -274,7 +278,7 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     rows, in_features = x.shape
     out_features = weight.shape[0]
     assert rows <= GEMV_MAX_ROWS and weight.shape == (out_features, in_features) and weight.is_contiguous()
-    assert weight.dtype in STATE_DTYPES and (bias is None or bias.shape == (out_features,))
+    assert weight.dtype in NATIVE_DTYPES and (bias is None or bias.shape == (out_features,))
     y = torch.empty(rows, out_features, dtype=torch.float32)
     (x_ptr, bias_ptr), _held = _pointers(x, bias)
     _library().tandem_gemv(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(), rows,
@@ -296,7 +300,7 @@ def paged_attention_native(
     chunk, and for caches the kernel cannot address (float16, or a head dim with a stride)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    addressable = (k_cache.dtype in STATE_DTYPES and v_cache.dtype == k_cache.dtype
+    addressable = (k_cache.dtype in NATIVE_DTYPES and v_cache.dtype == k_cache.dtype
                    and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1)
     if meta.max_query_len != 1 or not addressable:
         return paged_attention_ref(q, k_cache, v_cache, block_table, meta, scale, out)

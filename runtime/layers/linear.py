@@ -46,7 +46,7 @@ class PackedLinear(nn.Module):
             bias = linear.bias.detach() if linear.bias is not None else None
             self.register_buffer("bias", bias, persistent=False)
         # A second copy of the weights, as stored, for the matrix-vector path.
-        native = cpu_native.available() and weight.dtype in cpu_native.STATE_DTYPES
+        native = cpu_native.available() and weight.dtype in cpu_native.NATIVE_DTYPES
         self.register_buffer("dense_weight", weight.contiguous() if native else None, persistent=False)
         bias = linear.bias.detach().float() if native and linear.bias is not None else None
         self.register_buffer("dense_bias", bias, persistent=False)
