@@ -426,44 +426,93 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
 
-static void gemv_row(const void *w, int bf16, int64_t n, int K, const float *x, int M, float *dots) {
-    __m256 acc[GEMV_MAX_ROWS];
-    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+/* The 8 sums of a0..a7, as one vector. */
+static inline __m256 sum8x8(const __m256 *a) {
+    const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+/* ROWS output features (rows of W) from n for all M rows of x, as ROWS * M independent accumulators:
+ * one would chain every multiply-add on the previous one's latency and leave the memory bus idle.
+ * ROWS * M <= 8 keeps them, a weight vector and an x vector in the 16 registers. */
+static inline __attribute__((always_inline)) void gemv_block(const void *w, int bf16, int64_t n, int K,
+                                                             const float *x, int M, int ROWS, float *dots) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS * M; i++) acc[i] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= K; k += 8) {
-        const __m256 weights = load8(w, bf16, n * K + k);
-        for (int m = 0; m < M; m++) acc[m] = _mm256_fmadd_ps(weights, _mm256_loadu_ps(x + (int64_t)m * K + k), acc[m]);
+        __m256 weights[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < ROWS; r++) weights[r] = load8(w, bf16, (n + r) * K + k);
+#pragma GCC unroll 4
+        for (int m = 0; m < M; m++) {
+            const __m256 xs = _mm256_loadu_ps(x + (int64_t)m * K + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < ROWS; r++) acc[m * ROWS + r] = _mm256_fmadd_ps(weights[r], xs, acc[m * ROWS + r]);
+        }
     }
-    for (int m = 0; m < M; m++) {
-        float total = sum8(acc[m]);
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS * M; i++) {
+        const int m = i / ROWS, r = i % ROWS;
+        float total = sum8(acc[i]);
         for (int j = k; j < K; j++) {
             float weight;
-            row_load(w, bf16, n * K + j, &weight, 1);
+            row_load(w, bf16, (n + r) * K + j, &weight, 1);
             total += weight * x[(int64_t)m * K + j];
         }
-        dots[m] = total;
+        dots[m * ROWS + r] = total;
     }
 }
+
+/* dots[m * rows + r]: W's rows n..n+rows-1 against x's M rows, with the widest block that fits. Inlined
+ * where bf16 is a constant, so that every block is compiled for its type, sizes and unrolled. */
+static inline __attribute__((always_inline)) void gemv_rows(const void *w, int bf16, int64_t n, int K, const float *x, int M, int rows, float *dots) {
+    if (rows == 8 && M == 1) gemv_block(w, bf16, n, K, x, 1, 8, dots);
+    else if (rows == 4 && M == 2) gemv_block(w, bf16, n, K, x, 2, 4, dots);
+    else if (rows == 2 && M == 3) gemv_block(w, bf16, n, K, x, 3, 2, dots);
+    else if (rows == 2 && M == 4) gemv_block(w, bf16, n, K, x, 4, 2, dots);
+    else
+        for (int r = 0; r < rows; r++) {
+            float one[GEMV_MAX_ROWS];
+            switch (M) {
+            case 1: gemv_block(w, bf16, n + r, K, x, 1, 1, one); break;
+            case 2: gemv_block(w, bf16, n + r, K, x, 2, 1, one); break;
+            case 3: gemv_block(w, bf16, n + r, K, x, 3, 1, one); break;
+            default: gemv_block(w, bf16, n + r, K, x, 4, 1, one); break;
+            }
+            for (int m = 0; m < M; m++) dots[m * rows + r] = one[m];
+        }
+}
 #else
-static void gemv_row(const void *w, int bf16, int64_t n, int K, const float *x, int M, float *dots) {
-    for (int m = 0; m < M; m++) dots[m] = 0.0f;
+static void gemv_rows(const void *w, int bf16, int64_t n, int K, const float *x, int M, int rows, float *dots) {
+    for (int i = 0; i < M * rows; i++) dots[i] = 0.0f;
     float weights[256];
-    for (int k0 = 0; k0 < K; k0 += 256) {
-        const int count = K - k0 < 256 ? K - k0 : 256;
-        row_load(w, bf16, n * K + k0, weights, count);
-        for (int m = 0; m < M; m++)
-            for (int j = 0; j < count; j++) dots[m] += weights[j] * x[(int64_t)m * K + k0 + j];
-    }
+    for (int r = 0; r < rows; r++)
+        for (int k0 = 0; k0 < K; k0 += 256) {
+            const int count = K - k0 < 256 ? K - k0 : 256;
+            row_load(w, bf16, (n + r) * K + k0, weights, count);
+            for (int m = 0; m < M; m++)
+                for (int j = 0; j < count; j++) dots[m * rows + r] += weights[j] * x[(int64_t)m * K + k0 + j];
+        }
 }
 #endif
 
 void tandem_gemv(const void *w, int bf16, const float *x, const float *bias, float *y, int M, int N, int K,
                  int num_threads) {
+    const int rows = 8 / M; /* output features per block: 8, 4, 2, 2 */
+    const int64_t blocks = (N + rows - 1) / rows;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        float dots[GEMV_MAX_ROWS];
-        gemv_row(w, bf16, n, K, x, M, dots);
-        for (int m = 0; m < M; m++) y[(int64_t)m * N + n] = dots[m] + (bias ? bias[n] : 0.0f);
+    for (int64_t block = 0; block < blocks; block++) {
+        const int64_t n = block * rows;
+        const int count = N - n < rows ? (int)(N - n) : rows;
+        float dots[8];
+        if (bf16) gemv_rows(w, 1, n, K, x, M, count, dots);
+        else gemv_rows(w, 0, n, K, x, M, count, dots);
+        for (int m = 0; m < M; m++)
+            for (int r = 0; r < count; r++) y[(int64_t)m * N + n + r] = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
     }
 }
 

@@ -176,12 +176,13 @@ def test_rms_norm_of_mixed_dtypes_is_the_reference():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows, in_features, bias", [(1, 37, True), (3, 64, False), (4, 200, True)])
+@pytest.mark.parametrize("rows, in_features, bias", [(1, 37, True), (2, 24, False), (3, 64, False), (4, 200, True)])
 def test_gemv_matches_a_float32_matmul(dtype, rows, in_features, bias):
-    """Weights read as stored (bfloat16 widened exactly), rows up to GEMV_MAX_ROWS, K with a vector tail."""
+    """Weights read as stored (bfloat16 widened exactly), rows up to GEMV_MAX_ROWS, K with a vector tail,
+    53 output features: every row count's blocks (8, 4, 2 features) end in a partial one."""
     torch.manual_seed(rows)
-    weight = torch.randn(50, in_features).to(dtype)
+    weight = torch.randn(53, in_features).to(dtype)
     x = torch.randn(rows, in_features)
-    b = torch.randn(50) if bias else None
+    b = torch.randn(53) if bias else None
     expected = x @ weight.float().T + (b if bias else 0)
     torch.testing.assert_close(cpu_native.gemv(x, weight, b), expected, atol=1e-4, rtol=1e-5)
