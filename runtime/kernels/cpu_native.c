@@ -216,8 +216,9 @@ void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64
             const float *w = weight + (int64_t)(first + d) * width;
             float acc = bias ? bias[first + d] : 0.0f;
             for (int k = 0; k < width; k++) acc += w[k] * window[k][d];
-            o[d] = silu ? silu_f(acc) : acc;
+            o[d] = acc;
         }
+        if (silu) silu_inplace(o, count); /* vectorised: a scalar expf per channel was most of the step */
         for (int k = 0; k < width - 1; k++)
             row_store(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k + 1], count);
     }
