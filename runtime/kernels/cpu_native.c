@@ -503,6 +503,7 @@ static void gemv_rows(const void *w, int bf16, int64_t n, int K, const float *x,
 
 void tandem_gemv(const void *w, int bf16, const float *x, const float *bias, float *y, int M, int N, int K,
                  int num_threads) {
+    if (M < 1) return; /* a step that samples nothing (every row a prompt chunk's middle) */
     const int rows = 8 / M; /* output features per block: 8, 4, 2, 2 */
     const int64_t blocks = (N + rows - 1) / rows;
 #pragma omp parallel for num_threads(num_threads) schedule(static)

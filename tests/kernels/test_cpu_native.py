@@ -186,3 +186,8 @@ def test_gemv_matches_a_float32_matmul(dtype, rows, in_features, bias):
     b = torch.randn(53) if bias else None
     expected = x @ weight.float().T + (b if bias else 0)
     torch.testing.assert_close(cpu_native.gemv(x, weight, b), expected, atol=1e-4, rtol=1e-5)
+
+
+def test_gemv_of_no_rows_is_empty():
+    """A step whose rows are all mid-prompt samples nothing: the LM head gets zero rows."""
+    assert cpu_native.gemv(torch.randn(0, 16), torch.randn(8, 16), None).shape == (0, 8)
