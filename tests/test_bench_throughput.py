@@ -68,3 +68,10 @@ def test_repeated_runs_report_each_figures_median_and_each_rounds_ratio():
     vllm = [figures(3.0), figures(2.0), figures(2.0)]
     line = throughput.round_ratios("short hybrid float32", {"tandem": runs, "vllm": vllm})
     assert line == "- short hybrid float32: Tandem/vllm: 1.00x, 2.00x, 1.00x"
+
+
+def test_the_report_says_what_vllm_preloads_and_what_it_lacks():
+    both = "/x/libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"
+    assert throughput.vllm_preload_line(both) == f"vLLM preloads: {both}"
+    assert "missing tcmalloc:" in throughput.vllm_preload_line("/v/lib/libiomp5.so")
+    assert "missing tcmalloc, iomp5:" in throughput.vllm_preload_line("")
