@@ -448,7 +448,7 @@ static inline __attribute__((always_inline)) void gemv_block(const void *w, int 
         __m256 weights[8];
 #pragma GCC unroll 8
         for (int r = 0; r < ROWS; r++) weights[r] = load8(w, bf16, (n + r) * K + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int m = 0; m < M; m++) {
             const __m256 xs = _mm256_loadu_ps(x + (int64_t)m * K + k);
 #pragma GCC unroll 8
@@ -487,7 +487,26 @@ static inline __attribute__((always_inline)) void gemv_rows(const void *w, int b
             for (int m = 0; m < M; m++) dots[m * rows + r] = one[m];
         }
 }
+
+/* dots[m]: W's row n against x's M <= 8 rows, one accumulator per row. */
+static inline __attribute__((always_inline)) void dot_rows8(const void *w, int bf16, int64_t n, int K,
+                                                            const float *x, int M, float *dots) {
+    switch (M) {
+    case 8: gemv_block(w, bf16, n, K, x, 8, 1, dots); break;
+    case 7: gemv_block(w, bf16, n, K, x, 7, 1, dots); break;
+    case 6: gemv_block(w, bf16, n, K, x, 6, 1, dots); break;
+    case 5: gemv_block(w, bf16, n, K, x, 5, 1, dots); break;
+    case 4: gemv_block(w, bf16, n, K, x, 4, 1, dots); break;
+    case 3: gemv_block(w, bf16, n, K, x, 3, 1, dots); break;
+    case 2: gemv_block(w, bf16, n, K, x, 2, 1, dots); break;
+    default: gemv_block(w, bf16, n, K, x, 1, 1, dots); break;
+    }
+}
 #else
+static void gemv_rows(const void *w, int bf16, int64_t n, int K, const float *x, int M, int rows, float *dots);
+static void dot_rows8(const void *w, int bf16, int64_t n, int K, const float *x, int M, float *dots) {
+    gemv_rows(w, bf16, n, K, x, M, 1, dots);
+}
 static void gemv_rows(const void *w, int bf16, int64_t n, int K, const float *x, int M, int rows, float *dots) {
     for (int i = 0; i < M * rows; i++) dots[i] = 0.0f;
     float weights[256];
@@ -515,6 +534,32 @@ void tandem_gemv(const void *w, int bf16, const float *x, const float *bias, flo
         else gemv_rows(w, 0, n, K, x, M, count, dots);
         for (int m = 0; m < M; m++)
             for (int r = 0; r < count; r++) y[(int64_t)m * N + n + r] = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
+    }
+}
+
+/* y = x W^T (+ bias) for a decode batch of rows (up to a few dozen), where oneDNN's GEMM ran at half
+ * the machine's float32 rate: each output feature is M dot products over K, 8 rows of x at a time (8
+ * accumulators, x's 8 rows held in L1 across the tile). Threads split the output features in tiles
+ * of about 128 KiB of weights, read from memory once and from L2 for the other blocks of rows. */
+void tandem_small_gemm(const void *w, int bf16, const float *x, const float *bias, float *y, int M, int N, int K,
+                       int num_threads) {
+    if (M < 1) return;
+    const int64_t tile = (131072 / ((int64_t)K * (bf16 ? 2 : 4))) > 8 ? 131072 / ((int64_t)K * (bf16 ? 2 : 4)) : 8;
+    const int64_t tiles = (N + tile - 1) / tile;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t first = t * tile, last = first + tile < N ? first + tile : N;
+        for (int m0 = 0; m0 < M; m0 += 8) {
+            const int rows = M - m0 < 8 ? M - m0 : 8;
+            const float *xs = x + (int64_t)m0 * K;
+            for (int64_t n = first; n < last; n++) {
+                float dots[8];
+                if (bf16) dot_rows8(w, 1, n, K, xs, rows, dots);
+                else dot_rows8(w, 0, n, K, xs, rows, dots);
+                const float b = bias ? bias[n] : 0.0f;
+                for (int m = 0; m < rows; m++) y[(int64_t)(m0 + m) * N + n] = dots[m] + b;
+            }
+        }
     }
 }
 

@@ -40,6 +40,9 @@ SOURCE = Path(__file__).with_name("cpu_native.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # what the kernels read and write: states, caches, weights
 GEMV_MAX_ROWS = 4  # as in cpu_native.c
+# Up to this many rows small_gemm beat oneDNN's float32 GEMM here (AVX2: 2x at 8 rows, 1.2-1.6x at 32,
+# level at 64, slower at 128; docs/performance.md).
+SMALL_GEMM_MAX_ROWS = 48
 
 _SIGNATURES = {
     "tandem_ssm_state_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
@@ -51,6 +54,7 @@ _SIGNATURES = {
     "tandem_rms_norm": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                         ctypes.c_void_p, *[ctypes.c_int] * 4, ctypes.c_float, ctypes.c_int],
     "tandem_gemv": [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4],
+    "tandem_small_gemm": [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4],
     "tandem_decode_attention": [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, *[ctypes.c_int64] * 3, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 4,
                                 ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int],
@@ -283,6 +287,21 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     (x_ptr, bias_ptr), _held = _pointers(x, bias)
     _library().tandem_gemv(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(), rows,
                            out_features, in_features, torch.get_num_threads())
+    return y
+
+
+def small_gemm(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weight.T (+ bias) in float32 for a decode batch of rows (any count; it pays up to
+    SMALL_GEMM_MAX_ROWS), as dot products per output feature, 8 rows at a time; weight (N, K) float32
+    or bfloat16, contiguous, read as stored."""
+    rows, in_features = x.shape
+    out_features = weight.shape[0]
+    assert weight.shape == (out_features, in_features) and weight.is_contiguous()
+    assert weight.dtype in NATIVE_DTYPES and (bias is None or bias.shape == (out_features,))
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    (x_ptr, bias_ptr), _held = _pointers(x, bias)
+    _library().tandem_small_gemm(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(),
+                                 rows, out_features, in_features, torch.get_num_threads())
     return y
 
 

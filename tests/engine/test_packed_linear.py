@@ -7,7 +7,7 @@ from torch import nn
 from runtime.layers.linear import PackedLinear, bfloat16_packs, bucket, pack_linears
 
 
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 17, 100, 129, 300])
+@pytest.mark.parametrize("rows", [1, 4, 5, 7, 8, 9, 17, 48, 49, 100, 129, 300])
 def test_packed_linear_matches_nn_linear_for_every_row_count(rows):
     torch.manual_seed(rows)
     linear = nn.Linear(24, 40)

@@ -188,6 +188,19 @@ def test_gemv_matches_a_float32_matmul(dtype, rows, in_features, bias):
     torch.testing.assert_close(cpu_native.gemv(x, weight, b), expected, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, in_features, bias", [(5, 37, True), (8, 64, False), (13, 200, True), (48, 24, False)])
+def test_small_gemm_matches_a_float32_matmul(dtype, rows, in_features, bias):
+    """Blocks of 8 rows and a partial last one, K with a vector tail, tiles of output features."""
+    torch.manual_seed(rows)
+    weight = torch.randn(1000, in_features).to(dtype)
+    x = torch.randn(rows, in_features)
+    b = torch.randn(1000) if bias else None
+    expected = x @ weight.float().T + (b if bias else 0)
+    torch.testing.assert_close(cpu_native.small_gemm(x, weight, b), expected, atol=1e-4, rtol=1e-5)
+
+
 def test_gemv_of_no_rows_is_empty():
     """A step whose rows are all mid-prompt samples nothing: the LM head gets zero rows."""
     assert cpu_native.gemv(torch.randn(0, 16), torch.randn(8, 16), None).shape == (0, 8)
+    assert cpu_native.small_gemm(torch.randn(0, 16), torch.randn(8, 16), None).shape == (0, 8)
