@@ -544,7 +544,8 @@ void tandem_gemv(const void *w, int bf16, const float *x, const float *bias, flo
 void tandem_small_gemm(const void *w, int bf16, const float *x, const float *bias, float *y, int M, int N, int K,
                        int num_threads) {
     if (M < 1) return;
-    const int64_t tile = (131072 / ((int64_t)K * (bf16 ? 2 : 4))) > 8 ? 131072 / ((int64_t)K * (bf16 ? 2 : 4)) : 8;
+    const int64_t fit = 131072 / ((int64_t)K * (bf16 ? 2 : 4)); /* output features in 128 KiB */
+    const int64_t tile = fit > 8 ? fit : 8;
     const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {

@@ -279,29 +279,27 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weight.T (+ bias) in float32 for at most GEMV_MAX_ROWS rows of x (K,); weight (N, K) float32
     or bfloat16, contiguous, read as stored. The single-sequence decode's linears: streaming the weights
     is their whole cost, and bfloat16 ones stream half the bytes."""
-    rows, in_features = x.shape
-    out_features = weight.shape[0]
-    assert rows <= GEMV_MAX_ROWS and weight.shape == (out_features, in_features) and weight.is_contiguous()
-    assert weight.dtype in NATIVE_DTYPES and (bias is None or bias.shape == (out_features,))
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    (x_ptr, bias_ptr), _held = _pointers(x, bias)
-    _library().tandem_gemv(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(), rows,
-                           out_features, in_features, torch.get_num_threads())
-    return y
+    assert x.shape[0] <= GEMV_MAX_ROWS
+    return _linear(_library().tandem_gemv, x, weight, bias)
 
 
 def small_gemm(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weight.T (+ bias) in float32 for a decode batch of rows (any count; it pays up to
     SMALL_GEMM_MAX_ROWS), as dot products per output feature, 8 rows at a time; weight (N, K) float32
     or bfloat16, contiguous, read as stored."""
+    return _linear(_library().tandem_small_gemm, x, weight, bias)
+
+
+def _linear(kernel, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Run one of the decode-batch linear kernels, which share their arguments."""
     rows, in_features = x.shape
     out_features = weight.shape[0]
     assert weight.shape == (out_features, in_features) and weight.is_contiguous()
     assert weight.dtype in NATIVE_DTYPES and (bias is None or bias.shape == (out_features,))
     y = torch.empty(rows, out_features, dtype=torch.float32)
     (x_ptr, bias_ptr), _held = _pointers(x, bias)
-    _library().tandem_small_gemm(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(),
-                                 rows, out_features, in_features, torch.get_num_threads())
+    kernel(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(), rows, out_features,
+           in_features, torch.get_num_threads())
     return y
 
 

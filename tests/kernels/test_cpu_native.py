@@ -180,24 +180,23 @@ def test_rms_norm_of_mixed_dtypes_is_the_reference():
 def test_gemv_matches_a_float32_matmul(dtype, rows, in_features, bias):
     """Weights read as stored (bfloat16 widened exactly), rows up to GEMV_MAX_ROWS, K with a vector tail,
     53 output features: every row count's blocks (8, 4, 2 features) end in a partial one."""
-    torch.manual_seed(rows)
-    weight = torch.randn(53, in_features).to(dtype)
-    x = torch.randn(rows, in_features)
-    b = torch.randn(53) if bias else None
-    expected = x @ weight.float().T + (b if bias else 0)
-    torch.testing.assert_close(cpu_native.gemv(x, weight, b), expected, atol=1e-4, rtol=1e-5)
+    assert_matches_matmul(cpu_native.gemv, dtype, rows, in_features, 53, bias)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows, in_features, bias", [(5, 37, True), (8, 64, False), (13, 200, True), (48, 24, False)])
 def test_small_gemm_matches_a_float32_matmul(dtype, rows, in_features, bias):
     """Blocks of 8 rows and a partial last one, K with a vector tail, tiles of output features."""
+    assert_matches_matmul(cpu_native.small_gemm, dtype, rows, in_features, 1000, bias)
+
+
+def assert_matches_matmul(kernel, dtype, rows, in_features, out_features, bias):
     torch.manual_seed(rows)
-    weight = torch.randn(1000, in_features).to(dtype)
+    weight = torch.randn(out_features, in_features).to(dtype)
     x = torch.randn(rows, in_features)
-    b = torch.randn(1000) if bias else None
+    b = torch.randn(out_features) if bias else None
     expected = x @ weight.float().T + (b if bias else 0)
-    torch.testing.assert_close(cpu_native.small_gemm(x, weight, b), expected, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(kernel(x, weight, b), expected, atol=1e-4, rtol=1e-5)
 
 
 def test_gemv_of_no_rows_is_empty():
