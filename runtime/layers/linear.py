@@ -11,9 +11,13 @@ bfloat16 values is exact in float32, and both paths accumulate in float32 and ro
 bfloat16, so only the summation order differs.
 
 A decode batch goes to cpu_native's kernels instead, on the weights as stored (a bfloat16 model's
-stream half the bytes), where the native library builds: up to 4 rows the matrix-vector kernel (oneDNN
+stream half the bytes), where the native library builds and where they beat oneDNN (`native_max_rows`).
+Those kernels are 256-bit AVX2 code. On a CPU with AVX2 only: up to 4 rows the matrix-vector kernel (oneDNN
 read the weights at about half the machine's bandwidth there), up to SMALL_GEMM_MAX_ROWS the small GEMM
-(dot products, 8 rows at a time: 2x oneDNN at 8 rows, 1.2-1.6x at 32, on the AVX2 machine).
+(dot products, 8 rows at a time: 2x oneDNN at 8 rows, 1.2-1.6x at 32). Where the CPU has AVX-512, oneDNN's
+512-bit float32 GEMM wins from about 8 rows (the matrix-vector kernel still wins up to 4), and where it runs
+bfloat16 natively (AVX-512 BF16, AMX), oneDNN's bfloat16 GEMM wins at every row count (1.8x at one row on
+the LM head, 7x at 32 rows; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ class PackedLinear(nn.Module):
                                  persistent=False)
             bias = linear.bias.detach() if linear.bias is not None else None
             self.register_buffer("bias", bias, persistent=False)
-        # A second copy of the weights, as stored, for the decode-batch kernels.
-        native = cpu_native.available() and weight.dtype in cpu_native.NATIVE_DTYPES
+        # A second copy of the weights, as stored, for the decode-batch kernels where they pay.
+        self.native_max_rows = native_max_rows(weight.dtype)
+        native = self.native_max_rows > 0
         self.register_buffer("dense_weight", weight.contiguous() if native else None, persistent=False)
         bias = linear.bias.detach().float() if native and linear.bias is not None else None
         self.register_buffer("dense_bias", bias, persistent=False)
@@ -55,7 +60,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         rows = flat.shape[0]
-        if rows <= cpu_native.SMALL_GEMM_MAX_ROWS and self.dense_weight is not None:
+        if rows <= self.native_max_rows:
             kernel = cpu_native.gemv if rows <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
             y = kernel(flat, self.dense_weight, self.dense_bias).to(self.dtype)
             return y.view(*x.shape[:-1], self.out_features)
@@ -100,6 +105,18 @@ def pack_linears(model: nn.Module) -> int:
                 setattr(parent, name, PackedLinear(child))
                 packed += 1
     return packed
+
+
+@functools.cache
+def native_max_rows(dtype: torch.dtype) -> int:
+    """Up to how many rows a linear of this weight type runs on cpu_native's kernels here (0: never)."""
+    if not cpu_native.available() or dtype not in cpu_native.NATIVE_DTYPES:
+        return 0
+    if dtype == torch.bfloat16 and bfloat16_packs():
+        return 0
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return cpu_native.GEMV_MAX_ROWS
+    return cpu_native.SMALL_GEMM_MAX_ROWS
 
 
 @functools.cache

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.layers.linear import PackedLinear, bfloat16_packs, bucket, pack_linears
+from runtime.kernels import cpu_native
+from runtime.layers.linear import PackedLinear, bfloat16_packs, bucket, native_max_rows, pack_linears
 
 
 @pytest.mark.parametrize("rows", [1, 4, 5, 7, 8, 9, 17, 48, 49, 100, 129, 300])
@@ -50,3 +51,20 @@ def test_pack_linears_packs_float32_and_bfloat16_and_leaves_others():
     assert [type(m) for m in model] == [PackedLinear, PackedLinear, nn.Linear]
     # bfloat16 GEMMs run natively where the CPU has bfloat16 instructions, else widened to float32.
     assert model[1].float32 is not bfloat16_packs() and model[0].float32
+
+
+def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
+    """The native kernels are AVX2 code: where oneDNN runs bfloat16 natively (AVX-512 BF16, AMX) its GEMM wins
+    at every row count, so a bfloat16 linear keeps no second copy of its weights; float32 uses them up to 4
+    rows where the CPU has AVX-512, up to SMALL_GEMM_MAX_ROWS where it has AVX2 only."""
+    bf16 = PackedLinear(nn.Linear(16, 8).to(torch.bfloat16))
+    if bfloat16_packs():
+        assert bf16.native_max_rows == 0 and bf16.dense_weight is None
+    fp32 = PackedLinear(nn.Linear(16, 8))
+    if not cpu_native.available():
+        assert fp32.native_max_rows == 0 and fp32.dense_weight is None
+    elif torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        assert fp32.native_max_rows == cpu_native.GEMV_MAX_ROWS
+    else:
+        assert fp32.native_max_rows == cpu_native.SMALL_GEMM_MAX_ROWS
+    assert native_max_rows(torch.float16) == 0
