@@ -427,6 +427,13 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
 
+/* The largest of v's 8 lanes. */
+static inline float max8(__m256 v) {
+    __m128 four = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    four = _mm_max_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_max_ss(four, _mm_shuffle_ps(four, four, 1)));
+}
+
 /* The 8 sums of a0..a7, as one vector. */
 static inline __m256 sum8x8(const __m256 *a) {
     const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
@@ -568,6 +575,105 @@ void tandem_small_gemm(const void *w, int bf16, const float *x, const float *bia
  * k, v: the cache views, (pages, block_size, Hkv, D) with the given element strides (D contiguous);
  * block_table: (S, table_stride) page ids; q, out: (S, Hq, D) float32. One (sequence, KV head) per
  * work item: its keys and values are read once, in place, for the Hq / Hkv query heads that share them. */
+#define ATTEND_HEADS 8 /* query heads of a group held in registers at once (the V pass) */
+
+/* Softmax of each of the group's score rows, in place, in float32. */
+static void softmax_rows(float *scores, int rows, int length) {
+    for (int j = 0; j < rows; j++) {
+        float *s = scores + (int64_t)j * length, top = s[0], total = 0.0f;
+        int pos = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (; pos + 8 <= length; pos += 8) top = fmaxf(top, max8(_mm256_loadu_ps(s + pos)));
+#endif
+        for (; pos < length; pos++) top = s[pos] > top ? s[pos] : top;
+        pos = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        __m256 sums = _mm256_setzero_ps();
+        for (; pos + 8 <= length; pos += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + pos), _mm256_set1_ps(top)));
+            _mm256_storeu_ps(s + pos, e);
+            sums = _mm256_add_ps(sums, e);
+        }
+        total = sum8(sums);
+#endif
+        for (; pos < length; pos++) total += (s[pos] = expf(s[pos] - top));
+        const float inverse = 1.0f / total;
+        for (pos = 0; pos < length; pos++) s[pos] *= inverse;
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* scores[j * length + pos] = scale * q_j . k_pos for the group's heads, 8 positions at a time: one
+ * accumulator per position, summed across lanes together (sum8x8), not one horizontal sum per dot product. */
+static void attend_scores(const void *k, int bf16, const int64_t *rows, int length, const float *q_group, int group,
+                          int head_dim, float scale, float *scores) {
+    int pos = 0;
+    for (; pos + 8 <= length; pos += 8) {
+        const int64_t *offsets = rows + pos;
+        for (int j = 0; j < group; j++) {
+            const float *qj = q_group + (int64_t)j * head_dim;
+            __m256 acc[8];
+            for (int p = 0; p < 8; p++) acc[p] = _mm256_setzero_ps();
+            for (int d = 0; d < head_dim; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(qj + d);
+#pragma GCC unroll 8
+                for (int p = 0; p < 8; p++) acc[p] = _mm256_fmadd_ps(qv, load8(k, bf16, offsets[p] + d), acc[p]);
+            }
+            _mm256_storeu_ps(scores + (int64_t)j * length + pos, _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
+        }
+    }
+    for (; pos < length; pos++) {
+        const int64_t offset = rows[pos];
+        for (int j = 0; j < group; j++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int d = 0; d < head_dim; d += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q_group + (int64_t)j * head_dim + d), load8(k, bf16, offset + d), acc);
+            scores[(int64_t)j * length + pos] = sum8(acc) * scale;
+        }
+    }
+}
+
+/* o_j = sum over positions of p_j[pos] v_pos, 8 features at a time with up to ATTEND_HEADS heads' sums in
+ * registers: the item's values (a few tens of KiB) stay in L1 across the feature blocks. */
+static void attend_values(const void *v, int bf16, const int64_t *rows, int length, const float *probs, int group,
+                          int head_dim, float *o) {
+    for (int j0 = 0; j0 < group; j0 += ATTEND_HEADS) {
+        const int heads = group - j0 < ATTEND_HEADS ? group - j0 : ATTEND_HEADS;
+        for (int d = 0; d < head_dim; d += 8) {
+            __m256 acc[ATTEND_HEADS];
+            for (int j = 0; j < heads; j++) acc[j] = _mm256_setzero_ps();
+            for (int pos = 0; pos < length; pos++) {
+                const __m256 row = load8(v, bf16, rows[pos] + d);
+                for (int j = 0; j < heads; j++)
+                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(probs[(int64_t)(j0 + j) * length + pos]), row, acc[j]);
+            }
+            for (int j = 0; j < heads; j++) _mm256_storeu_ps(o + (int64_t)(j0 + j) * head_dim + d, acc[j]);
+        }
+    }
+}
+#endif
+
+/* The same two passes a dot product and a row at a time: head dims that are not a multiple of 8, or no AVX2. */
+static void attend_item_scalar(const void *k, const void *v, int bf16, const int64_t *rows, int length,
+                               const float *q_group, int group, int head_dim, float scale, float *scores, float *o) {
+    float row[head_dim];
+    for (int pos = 0; pos < length; pos++) {
+        row_load(k, bf16, rows[pos], row, head_dim);
+        for (int j = 0; j < group; j++)
+            scores[j * length + pos] = dot_product(q_group + j * head_dim, row, head_dim) * scale;
+    }
+    softmax_rows(scores, group, length);
+    memset(o, 0, (size_t)group * head_dim * sizeof(float));
+    for (int pos = 0; pos < length; pos++) {
+        row_load(v, bf16, rows[pos], row, head_dim);
+        for (int j = 0; j < group; j++) {
+            const float p = scores[j * length + pos];
+#pragma omp simd
+            for (int d = 0; d < head_dim; d++) o[j * head_dim + d] += p * row[d];
+        }
+    }
+}
+
 void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t page_stride, int64_t token_stride,
                              int64_t head_stride, int block_size, const int32_t *block_table, int64_t table_stride,
                              const int32_t *seq_lens, int num_seqs, int num_q_heads, int num_kv_heads, int head_dim,
@@ -577,34 +683,24 @@ void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t pag
     for (int64_t item = 0; item < (int64_t)num_seqs * num_kv_heads; item++) {
         const int seq = (int)(item / num_kv_heads), kv_head = (int)(item % num_kv_heads);
         const int length = seq_lens[seq];
+        const int32_t *pages = block_table + seq * table_stride;
+        /* Where each position's key and value rows start: computed once, not once per pass and feature block. */
+        int64_t *rows = (int64_t *)malloc((size_t)length * sizeof(int64_t));
+        for (int pos = 0; pos < length; pos++)
+            rows[pos] = pages[pos / block_size] * page_stride + (int64_t)(pos % block_size) * token_stride
+                        + kv_head * head_stride;
         float *scores = (float *)malloc((size_t)length * group * sizeof(float));
-        float row[head_dim];
         const float *q_group = q + ((int64_t)seq * num_q_heads + (int64_t)kv_head * group) * head_dim;
-        for (int pos = 0; pos < length; pos++) {
-            const int64_t page = block_table[seq * table_stride + pos / block_size];
-            row_load(k, bf16, page * page_stride + (int64_t)(pos % block_size) * token_stride + kv_head * head_stride,
-                     row, head_dim);
-            for (int j = 0; j < group; j++)
-                scores[j * length + pos] = dot_product(q_group + j * head_dim, row, head_dim) * scale;
-        }
-        for (int j = 0; j < group; j++) { /* softmax over the sequence's keys, in float32 */
-            float *s = scores + (int64_t)j * length, top = s[0], total = 0.0f;
-            for (int pos = 1; pos < length; pos++) top = s[pos] > top ? s[pos] : top;
-            for (int pos = 0; pos < length; pos++) total += (s[pos] = expf(s[pos] - top));
-            for (int pos = 0; pos < length; pos++) s[pos] /= total;
-        }
         float *o = out + ((int64_t)seq * num_q_heads + (int64_t)kv_head * group) * head_dim;
-        memset(o, 0, (size_t)group * head_dim * sizeof(float));
-        for (int pos = 0; pos < length; pos++) {
-            const int64_t page = block_table[seq * table_stride + pos / block_size];
-            row_load(v, bf16, page * page_stride + (int64_t)(pos % block_size) * token_stride + kv_head * head_stride,
-                     row, head_dim);
-            for (int j = 0; j < group; j++) {
-                const float p = scores[j * length + pos];
-#pragma omp simd
-                for (int d = 0; d < head_dim; d++) o[j * head_dim + d] += p * row[d];
-            }
-        }
+#if defined(__AVX2__) && defined(__FMA__)
+        if (head_dim % 8 == 0) {
+            attend_scores(k, bf16, rows, length, q_group, group, head_dim, scale, scores);
+            softmax_rows(scores, group, length);
+            attend_values(v, bf16, rows, length, scores, group, head_dim, o);
+        } else
+#endif
+            attend_item_scalar(k, v, bf16, rows, length, q_group, group, head_dim, scale, scores, o);
+        free(rows);
         free(scores);
     }
 }
