@@ -77,10 +77,11 @@ def test_command_line_option_maps_to_the_field():
     assert config_kwargs(parser.parse_args([]), EngineConfig) == {}
 
 
-def test_importing_tandem_first_makes_openmp_threads_wait_passively(tmp_path):
-    """Set before torch loads libgomp, unless the user chose a policy."""
-    probe = "import os, runtime, torch; print(os.environ['OMP_WAIT_POLICY'])"
+def test_importing_tandem_first_bounds_how_long_openmp_threads_spin(tmp_path):
+    """Set before torch loads libgomp, unless the user chose a wait policy or a spin count."""
+    probe = "import os, runtime, torch; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
     run = functools.partial(subprocess.run, [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert run(env=env).stdout.strip() == "PASSIVE"
-    assert run(env={**env, "OMP_WAIT_POLICY": "ACTIVE"}).stdout.strip() == "ACTIVE"
+    assert run(env=env).stdout.split() == ["10000", "None"]
+    assert run(env={**env, "OMP_WAIT_POLICY": "PASSIVE"}).stdout.split() == ["None", "PASSIVE"]
+    assert run(env={**env, "GOMP_SPINCOUNT": "0"}).stdout.split() == ["0", "None"]
