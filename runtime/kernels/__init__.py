@@ -59,6 +59,7 @@ from runtime.kernels.short_conv import (
     short_conv_update_ref,
     short_conv_update_triton,
 )
+from runtime.kernels.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
 from runtime.kernels.ssd_scan import ssd_scan_ref, ssd_scan_triton
 from runtime.kernels.ssm_state_update import selective_state_update_ref, selective_state_update_triton
 
@@ -75,6 +76,7 @@ IMPLEMENTATIONS = {
     "ssd_scan": (ssd_scan_ref, ssd_scan_triton),
     "selective_state_update": (selective_state_update_ref, selective_state_update_triton),
     "rms_norm_gated": (rms_norm_gated_ref, rms_norm_gated_triton),
+    "silu_and_mul": (silu_and_mul_ref, silu_and_mul_triton),
     "selective_scan": (selective_scan_ref, selective_scan_triton),
     "selective_state_update_mamba1": (selective_state_update_mamba1_ref, selective_state_update_mamba1_triton),
     "short_conv_fn": (short_conv_fn_ref, short_conv_fn_triton),
@@ -90,6 +92,7 @@ NATIVE = {
     "ssd_scan": cpu_native.ssd_scan_native,
     "causal_conv1d_fn": cpu_native.causal_conv1d_fn_native,
     "rms_norm_gated": cpu_native.rms_norm_gated_native,
+    "silu_and_mul": cpu_native.silu_and_mul_native,
     "paged_attention": cpu_native.paged_attention_native,
 }
 
@@ -103,6 +106,7 @@ causal_conv1d_update = causal_conv1d_update_ref
 ssd_scan = ssd_scan_ref
 selective_state_update = selective_state_update_ref
 rms_norm_gated = rms_norm_gated_ref
+silu_and_mul = silu_and_mul_ref
 selective_scan = selective_scan_ref
 selective_state_update_mamba1 = selective_state_update_mamba1_ref
 short_conv_fn = short_conv_fn_ref

@@ -704,3 +704,31 @@ void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t pag
         free(scores);
     }
 }
+
+#define SILU_BLOCK 512 /* elements of a row at a time, on the stack */
+
+/* silu(gate) * up per element, in float32, rounded as torch's two ops round (silu's result to the dtype,
+ * then the product); gate, up: (rows, dim) with row strides, out: (rows, dim) contiguous. */
+void tandem_silu_and_mul(const void *gate, int64_t gate_stride, const void *up, int64_t up_stride, void *out, int bf16,
+                         int rows, int dim, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if ((int64_t)rows * dim > 16384)
+    for (int64_t row = 0; row < rows; row++) {
+        float g[SILU_BLOCK], u[SILU_BLOCK];
+        for (int first = 0; first < dim; first += SILU_BLOCK) {
+            const int n = dim - first < SILU_BLOCK ? dim - first : SILU_BLOCK;
+            row_load(gate, bf16, row * gate_stride + first, g, n);
+            row_load(up, bf16, row * up_stride + first, u, n);
+            silu_inplace(g, n);
+            if (bf16) {
+                uint16_t rounded;
+                for (int i = 0; i < n; i++) {
+                    bf16_store(&rounded, g[i]);
+                    g[i] = bf16_load(&rounded) * u[i];
+                }
+            } else {
+                for (int i = 0; i < n; i++) g[i] *= u[i];
+            }
+            row_store(out, bf16, row * (int64_t)dim + first, g, n);
+        }
+    }
+}

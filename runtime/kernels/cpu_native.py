@@ -31,6 +31,7 @@ from runtime.kernels.common import time_step
 from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
 from runtime.kernels.paged_attention import paged_attention_ref
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
+from runtime.kernels.silu_and_mul import silu_and_mul_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
 
@@ -58,6 +59,8 @@ _SIGNATURES = {
     "tandem_decode_attention": [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, *[ctypes.c_int64] * 3, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 4,
                                 ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int],
+    "tandem_silu_and_mul": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                            *[ctypes.c_int] * 4],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
                            *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
 }
@@ -272,6 +275,19 @@ def rms_norm_gated_native(x: Tensor, z: Tensor | None, weight: Tensor, eps: floa
         weight.data_ptr(), out.data_ptr(), x.dtype == torch.bfloat16, rows, dim, group_size, eps,
         torch.get_num_threads(),
     )
+    return out
+
+
+def silu_and_mul_native(gate: Tensor, up: Tensor) -> Tensor:
+    """silu_and_mul_ref in one pass (same arguments, same two roundings; the exponential within 2 ulp of
+    libm's), for float32 or bfloat16 rows with contiguous columns; the reference for anything else."""
+    if gate.dtype not in NATIVE_DTYPES or gate.dtype != up.dtype or gate.stride(-1) != 1 or up.stride(-1) != 1:
+        return silu_and_mul_ref(gate, up)
+    rows, dim = gate.shape
+    assert up.shape == gate.shape
+    out = torch.empty(rows, dim, dtype=gate.dtype)
+    _library().tandem_silu_and_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(),
+                                   gate.dtype == torch.bfloat16, rows, dim, torch.get_num_threads())
     return out
 
 

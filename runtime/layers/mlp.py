@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.layers.activation import activation
+from runtime.layers.activation import gated
 
 
 class GatedMLP(nn.Module):
@@ -14,7 +14,7 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
-        self.act_fn = activation(act)
+        self.act_and_mul = gated(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_and_mul(self.gate_proj(x), self.up_proj(x)))

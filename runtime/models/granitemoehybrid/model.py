@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.layers.activation import activation
+from runtime.layers.activation import gated
 from runtime.layers.moe import TOPK_THEN_SOFTMAX, PackedMoE
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding
@@ -20,11 +20,11 @@ class SharedMLP(nn.Module):
         super().__init__()
         self.input_linear = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.output_linear = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.act_fn = activation(act)
+        self.act_and_mul = gated(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.input_linear(x).chunk(2, dim=-1)
-        return self.output_linear(self.act_fn(gate) * up)
+        return self.output_linear(self.act_and_mul(gate, up))
 
 
 class GraniteMoeHybridDecoderLayer(nn.Module):
