@@ -238,3 +238,16 @@ def test_values_the_model_cannot_take_raise_naming_the_field(llm, options, field
 
 def test_logit_bias_is_clamped_as_vllm():
     assert SamplingParams(logit_bias={"5": 250, 6: -1e9}).logit_bias == {5: 100.0, 6: -100.0}
+
+
+def test_greedy_picks_the_first_of_tied_best_tokens():
+    """As HF's and torch's argmax: the lowest token id among equal maxima, in rows long enough to vectorise."""
+    from runtime.sampler import Sampler
+
+    logits = torch.zeros(3, 32000)
+    logits[0, [7, 9000, 31999]] = 5.0
+    logits[1, [20001, 20002]] = 1.0
+    logits[2] = 3.0  # every token ties
+    params = [SamplingParams(temperature=0)] * 3
+    out = Sampler()(logits, params, [None] * 3, [[]] * 3)
+    assert out.token_ids == [7, 20001, 0]
