@@ -622,6 +622,14 @@ static void softmax_rows(float *scores, int rows, int length) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
+#define ATTEND_AHEAD 16 /* positions ahead that the values pass prefetches */
+
+static inline void prefetch_row(const void *cache, int bf16, int64_t offset, int head_dim) {
+    const char *first = (const char *)cache + offset * (bf16 ? 2 : 4);
+    const int bytes = head_dim * (bf16 ? 2 : 4);
+    for (int line = 0; line < bytes; line += 64) _mm_prefetch(first + line, _MM_HINT_T0);
+}
+
 /* scores[j * length + pos] = scale * q_j . k_pos for the group's heads, 8 positions at a time: one
  * accumulator per position, summed across lanes together (sum8x8), not one horizontal sum per dot product. */
 static void attend_scores(const void *k, int bf16, const int64_t *rows, int length, const float *q_group, int group,
@@ -629,6 +637,8 @@ static void attend_scores(const void *k, int bf16, const int64_t *rows, int leng
     int pos = 0;
     for (; pos + 8 <= length; pos += 8) {
         const int64_t *offsets = rows + pos;
+        /* The rows two blocks ahead, scattered over pages: the hardware prefetcher cannot guess them. */
+        for (int p = 16; p < 24 && pos + p < length; p++) prefetch_row(k, bf16, offsets[p], head_dim);
         for (int j = 0; j < group; j++) {
             const float *qj = q_group + (int64_t)j * head_dim;
             __m256 acc[8];
@@ -662,6 +672,7 @@ static void attend_values(const void *v, int bf16, const int64_t *rows, int leng
             __m256 acc[ATTEND_HEADS];
             for (int j = 0; j < heads; j++) acc[j] = _mm256_setzero_ps();
             for (int pos = 0; pos < length; pos++) {
+                if (d == 0 && pos + ATTEND_AHEAD < length) prefetch_row(v, bf16, rows[pos + ATTEND_AHEAD], head_dim);
                 const __m256 row = load8(v, bf16, rows[pos] + d);
                 for (int j = 0; j < heads; j++)
                     acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(probs[(int64_t)(j0 + j) * length + pos]), row, acc[j]);
