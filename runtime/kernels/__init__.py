@@ -94,6 +94,7 @@ NATIVE = {
     "rms_norm_gated": cpu_native.rms_norm_gated_native,
     "silu_and_mul": cpu_native.silu_and_mul_native,
     "paged_attention": cpu_native.paged_attention_native,
+    "store_kv": cpu_native.store_kv_native,
 }
 
 backend = "torch"  # the references, until an engine binds

@@ -762,3 +762,27 @@ void tandem_silu_and_mul(const void *gate, int64_t gate_stride, const void *up, 
         }
     }
 }
+
+/* The new tokens' keys and values into their cache slots (store_kv_ref), copied as they are: key, value and
+ * the caches share one element type of elem_bytes bytes, and D is contiguous in all four. Strides in elements:
+ * the inputs' per token and per head, the caches' per page, token (in its page) and head. Slot -1: skipped. */
+void tandem_store_kv(const void *key, int64_t key_token_stride, int64_t key_head_stride, const void *value,
+                     int64_t value_token_stride, int64_t value_head_stride, void *k_cache, void *v_cache,
+                     int64_t page_stride, int64_t token_stride, int64_t head_stride, int block_size,
+                     const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int elem_bytes,
+                     int num_threads) {
+    const size_t row_bytes = (size_t)head_dim * elem_bytes;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_tokens > 256)
+    for (int t = 0; t < num_tokens; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        const int64_t place = (slot / block_size) * page_stride + (slot % block_size) * token_stride;
+        for (int h = 0; h < num_kv_heads; h++) {
+            const int64_t to = (place + h * head_stride) * elem_bytes;
+            memcpy((char *)k_cache + to, (const char *)key + (t * key_token_stride + h * key_head_stride) * elem_bytes,
+                   row_bytes);
+            memcpy((char *)v_cache + to,
+                   (const char *)value + (t * value_token_stride + h * value_head_stride) * elem_bytes, row_bytes);
+        }
+    }
+}

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from runtime.kernels.causal_conv1d import causal_conv1d_fn_ref, causal_conv1d_update_ref
 from runtime.kernels.common import time_step
+from runtime.kernels.kv_cache import store_kv_ref
 from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
 from runtime.kernels.paged_attention import paged_attention_ref
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
@@ -61,6 +62,9 @@ _SIGNATURES = {
                                 ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int],
     "tandem_silu_and_mul": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                             *[ctypes.c_int] * 4],
+    "tandem_store_kv": [ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 2,
+                        *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3, ctypes.c_int, ctypes.c_void_p,
+                        *[ctypes.c_int] * 5],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
                            *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
 }
@@ -317,6 +321,25 @@ def _linear(kernel, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     kernel(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(), rows, out_features,
            in_features, torch.get_num_threads())
     return y
+
+
+def store_kv_native(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    """store_kv_ref as row copies (same arguments, same result): for inputs of the caches' dtype with D
+    contiguous everywhere and K and V caches of one layout; the reference for anything else (a cast)."""
+    same_type = key.dtype == value.dtype == k_cache.dtype == v_cache.dtype
+    rows_contiguous = all(t.stride(-1) == 1 for t in (key, value, k_cache, v_cache))
+    if not same_type or not rows_contiguous or k_cache.stride() != v_cache.stride():
+        return store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+    num_tokens, num_kv_heads, head_dim = key.shape
+    assert value.shape == key.shape and k_cache.shape[2:] == (num_kv_heads, head_dim)
+    assert slot_mapping.shape == (num_tokens,)
+    slots = slot_mapping.to(torch.int64).contiguous()
+    _library().tandem_store_kv(
+        key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0), value.stride(1),
+        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.shape[1], slots.data_ptr(), num_tokens, num_kv_heads, head_dim, key.element_size(),
+        torch.get_num_threads(),
+    )
 
 
 def paged_attention_native(
