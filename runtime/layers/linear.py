@@ -2,9 +2,12 @@
 
 oneDNN's linear with weights reordered once into its blocked layout runs 1.4x (prefill) to
 2.5x (decode, the LM head) faster than the default float32 GEMM on the CPUs we measured, and
-1.3-1.5x faster than the default bfloat16 GEMM at decode sizes (docs/performance.md). bfloat16
-uses torch's own prepacked path (`mkldnn._reorder_linear_weight`, `_linear_pointwise`, as
-torch.compile's CPU backend does), where the CPU has bfloat16 instructions. Where it has none
+1.3-1.5x faster than the default bfloat16 GEMM at decode sizes (docs/performance.md). Both use
+torch's own prepacked path (`mkldnn._reorder_linear_weight`, `_linear_pointwise`, as
+torch.compile's CPU backend does), which takes and returns plain tensors: float32 once went through
+oneDNN tensors (`to_mkldnn`, `mkldnn_linear`, `to_dense`), whose two conversions per call cost 15-20 %
+of a prefill GEMM on the AVX-512 machine. bfloat16 runs natively where the CPU has bfloat16
+instructions. Where it has none
 (AVX2 only), bfloat16 GEMMs are emulated and run 4.5-7x slower than float32 ones (docs/performance.md),
 so a bfloat16 linear keeps its weights widened to float32 and multiplies in float32: a product of two
 bfloat16 values is exact in float32, and both paths accumulate in float32 and round the output to
@@ -29,7 +32,7 @@ from torch import nn
 
 from runtime.kernels import cpu_native
 
-PACK_ROWS = 32  # the batch size bfloat16 weights are laid out for
+PACK_ROWS = 32  # the batch size the weights are laid out for
 
 
 class PackedLinear(nn.Module):
@@ -40,16 +43,12 @@ class PackedLinear(nn.Module):
         self.dtype = weight.dtype
         # Float32 GEMMs: a float32 model, or a bfloat16 one on a CPU without bfloat16 instructions.
         self.float32 = weight.dtype == torch.float32 or not bfloat16_packs()
-        if self.float32:
-            bias = linear.bias.detach() if linear.bias is not None else torch.zeros(linear.out_features)
-            self.register_buffer("weight", weight.float().to_mkldnn(), persistent=False)
-            self.register_buffer("bias", bias.float().to_mkldnn(), persistent=False)
-        else:
-            # The layout oneDNN picks for 32-row inputs (vLLM's choice too) served 1 to 2048 rows best here.
-            self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS),
-                                 persistent=False)
-            bias = linear.bias.detach() if linear.bias is not None else None
-            self.register_buffer("bias", bias, persistent=False)
+        # The layout oneDNN picks for 32-row inputs (vLLM's choice too) served 1 to 2048 rows best here.
+        gemm_type = torch.float32 if self.float32 else weight.dtype
+        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight.to(gemm_type), PACK_ROWS),
+                             persistent=False)
+        bias = linear.bias.detach().to(gemm_type) if linear.bias is not None else None
+        self.register_buffer("bias", bias, persistent=False)
         # A second copy of the weights, as stored, for the decode-batch kernels where they pay.
         self.native_max_rows = native_max_rows(weight.dtype)
         native = self.native_max_rows > 0
@@ -76,10 +75,8 @@ class PackedLinear(nn.Module):
             padded[:rows] = flat
             padded[rows:].zero_()
         if self.float32:
-            y = torch._C._nn.mkldnn_linear(padded.float().to_mkldnn(), self.weight, self.bias).to_dense()
-            y = y.to(self.dtype)
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(padded, self.weight, self.bias, "none", [], "")
+            padded = padded.float()
+        y = torch.ops.mkldnn._linear_pointwise(padded, self.weight, self.bias, "none", [], "").to(self.dtype)
         return y[:rows].view(*x.shape[:-1], self.out_features)
 
 
