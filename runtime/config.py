@@ -47,8 +47,8 @@ def default_threads(hidden_size: int, cores: int) -> int:
 
     The load average is not consulted: it counts this process's own recent work (an engine started
     just after another run on an idle 2-core machine picked one thread and ran 1.5x slower), and with
-    passive OpenMP waiting (runtime/__init__.py) a thread that shares its core with another process no
-    longer stalls the others by spinning (docs/performance.md, "Threads").
+    OpenMP's spin bounded (runtime/__init__.py) a thread that shares its core with another process no
+    longer stalls the others for long (docs/performance.md, "Threads").
     """
     return 1 if hidden_size < MIN_THREADED_HIDDEN else cores
 
