@@ -194,8 +194,17 @@ void tandem_ssm_state_update(void *states, int bf16, int64_t slot_stride, int64_
         const float *c = C + ((int64_t)seq * num_groups + group) * d_state;
         const int64_t base = slot * slot_stride + head * head_stride;
         float scratch[d_state];
+        const int64_t elem = bf16 ? 2 : 4;
+        /* The next item's state (this thread's next, under the static schedule) is fetched a row per row done
+         * here: items are slots scattered over the pool, where the hardware prefetcher does not follow. */
+        const int64_t next_seq = (item + 1) / num_heads, next_head = (item + 1) % num_heads;
+        const int64_t next = item + 1 < (int64_t)num_seqs * num_heads && slots[next_seq] >= 0
+                                 ? slots[next_seq] * slot_stride + next_head * head_stride : -1;
         for (int p = 0; p < head_dim; p++) {
             const int64_t offset = base + (int64_t)p * d_state;
+            if (next >= 0)
+                for (int64_t byte = 0; byte < d_state * elem; byte += 64)
+                    __builtin_prefetch((const char *)states + (next + (int64_t)p * d_state) * elem + byte);
             /* A float32 pool is updated where it lies; a bfloat16 row goes through float32 scratch. */
             float *row = bf16 ? scratch : (float *)states + offset;
             if (bf16) row_load(states, bf16, offset, row, d_state);
