@@ -358,8 +358,9 @@ void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_s
  * for a sequence shorter than that) become its
  * state. One (sequence, channel block) per work item: it alone reads and writes that part of the state. */
 void tandem_conv_fn(void *states, int bf16, int64_t slot_stride, const int64_t *slots, const int32_t *starts,
-                    const uint8_t *resume, int num_seqs, int dim, int width, const float *x, const float *weight_t,
-                    const float *bias, int silu, float *out, int num_threads) {
+                    const uint8_t *resume, int num_seqs, int dim, int width, const void *x, int x_bf16,
+                    int64_t x_stride, const float *weight_t, const float *bias, int silu, void *out,
+                    int num_threads) {
     enum { BLOCK = 64 };
     const int blocks = (dim + BLOCK - 1) / BLOCK;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 4)
@@ -369,6 +370,10 @@ void tandem_conv_fn(void *states, int bf16, int64_t slot_stride, const int64_t *
         const int count = dim - first < BLOCK ? dim - first : BLOCK;
         const int64_t slot = slots[seq], start = starts[seq], length = starts[seq + 1] - starts[seq];
         float history[width - 1][BLOCK]; /* the W-1 inputs before the sequence's first token */
+        /* The item's inputs in float32, read once from x as it lies (float32 or bfloat16, any row stride). */
+        float *inputs = (float *)malloc((size_t)(length > 0 ? length : 1) * BLOCK * sizeof(float));
+        for (int64_t i = 0; i < length; i++)
+            row_load(x, x_bf16, (start + i) * x_stride + first, inputs + i * BLOCK, count);
         for (int k = 0; k < width - 1; k++) {
             if (slot >= 0 && resume[seq])
                 row_load(states, bf16, slot * slot_stride + (int64_t)k * dim + first, history[k], count);
@@ -380,20 +385,21 @@ void tandem_conv_fn(void *states, int bf16, int64_t slot_stride, const int64_t *
             for (int d = 0; d < count; d++) acc[d] = bias ? bias[first + d] : 0.0f;
             for (int k = 0; k < width; k++) {
                 const int64_t source = i - (width - 1) + k; /* position in the sequence; < 0: history */
-                const float *in = source >= 0 ? x + (start + source) * dim + first : history[width - 1 + source];
+                const float *in = source >= 0 ? inputs + source * BLOCK : history[width - 1 + source];
                 const float *w = weight_t + (int64_t)k * dim + first;
                 for (int d = 0; d < count; d++) acc[d] += w[d] * in[d];
             }
-            float *o = out + (start + i) * dim + first;
             if (silu) silu_inplace(acc, count);
-            memcpy(o, acc, (size_t)count * sizeof(float));
+            row_store(out, x_bf16, (start + i) * dim + first, acc, count); /* out has x's type */
         }
-        if (slot < 0) continue;
-        for (int j = 0; j < width - 1; j++) { /* row j of the new state: input length + j of [history, tokens] */
-            const int64_t source = length + j - (width - 1);
-            const float *in = source >= 0 ? x + (start + source) * dim + first : history[width - 1 + source];
-            row_store(states, bf16, slot * slot_stride + (int64_t)j * dim + first, in, count);
+        if (slot >= 0) {
+            for (int j = 0; j < width - 1; j++) { /* row j of the new state: input length + j of [history, tokens] */
+                const int64_t source = length + j - (width - 1);
+                const float *in = source >= 0 ? inputs + source * BLOCK : history[width - 1 + source];
+                row_store(states, bf16, slot * slot_stride + (int64_t)j * dim + first, in, count);
+            }
         }
+        free(inputs);
     }
 }
 

@@ -52,7 +52,8 @@ _SIGNATURES = {
     "tandem_ssm_scan": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3,
                         *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
     "tandem_conv_fn": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 3,
-                       *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
+                       ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, *[ctypes.c_void_p] * 2, ctypes.c_int,
+                       ctypes.c_void_p, ctypes.c_int],
     "tandem_rms_norm": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                         ctypes.c_void_p, *[ctypes.c_int] * 4, ctypes.c_float, ctypes.c_int],
     "tandem_gemv": [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4],
@@ -253,12 +254,15 @@ def causal_conv1d_fn_native(
         return causal_conv1d_fn_ref(x, weight, bias, conv_states, state_indices, meta, activation)
     assert conv_states.shape[1:] == (width - 1, dim) and state_indices.shape == (meta.num_sequences,)
     assert activation in (None, "silu", "swish")
-    out = torch.empty(num_tokens, dim, dtype=torch.float32)
+    # x is read as it lies (a float32 or bfloat16 slice of the input projection) and out written in its type.
+    source = x if x.dtype in NATIVE_DTYPES and x.stride(1) == 1 else x.float().contiguous()
+    out = torch.empty(num_tokens, dim, dtype=source.dtype)
     slots, starts, resume = _prefill_arrays(state_indices, meta, num_tokens)
-    inputs, _held = _pointers(x, weight.t(), bias)
+    (weight_ptr, bias_ptr), _held = _pointers(weight.t(), bias)
     _library().tandem_conv_fn(
         conv_states.data_ptr(), conv_states.dtype == torch.bfloat16, conv_states.stride(0), slots.data_ptr(),
-        starts.data_ptr(), resume.data_ptr(), meta.num_sequences, dim, width, *inputs, activation is not None,
+        starts.data_ptr(), resume.data_ptr(), meta.num_sequences, dim, width, source.data_ptr(),
+        source.dtype == torch.bfloat16, source.stride(0), weight_ptr, bias_ptr, activation is not None,
         out.data_ptr(), torch.get_num_threads(),
     )
     return out.to(x.dtype)

@@ -138,8 +138,9 @@ def test_prefill_conv_matches_the_reference(page_pool, state_dtype):
     query_lens, computed = [9, 2, 5, 1], [0, 7, 0, 3]
     slots = torch.tensor([4, 0, -1, 6])
     meta = build_mamba_prefill_metadata(query_lens, computed, chunk_size=4, device="cpu")
-    # A strided view, as the mixer passes a slice of its input projection.
-    x = torch.randn(sum(query_lens), dim + 10)[:, 3 : 3 + dim].to(state_dtype)
+    # A strided view in the model's dtype, as the mixer passes a slice of its input projection.
+    x = torch.randn(sum(query_lens), dim + 10).to(state_dtype)[:, 3 : 3 + dim]
+    assert x.stride(0) == dim + 10
     weight, bias = torch.randn(dim, width), torch.randn(dim)
     pools[0].allow_writes(ours, slots[slots >= 0])
     before = pools[0].snapshot()
