@@ -671,7 +671,8 @@ static void attend_scores(const void *k, int bf16, const int64_t *rows, int leng
         for (int j = 0; j < group; j++) {
             __m256 acc = _mm256_setzero_ps();
             for (int d = 0; d < head_dim; d += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q_group + (int64_t)j * head_dim + d), load8(k, bf16, offset + d), acc);
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q_group + (int64_t)j * head_dim + d), load8(k, bf16, offset + d),
+                                      acc);
             scores[(int64_t)j * length + pos] = sum8(acc) * scale;
         }
     }

@@ -104,9 +104,9 @@ def pack_linears(model: nn.Module) -> int:
     return packed
 
 
-@functools.cache
 def native_max_rows(dtype: torch.dtype) -> int:
-    """Up to how many rows a linear of this weight type runs on cpu_native's kernels here (0: never)."""
+    """Up to how many rows a linear of this weight type runs on cpu_native's kernels here (0: never).
+    Not cached: TANDEM_CPU_NATIVE=0 holds for every engine built after it is set, as for the other kernels."""
     if not cpu_native.available() or dtype not in cpu_native.NATIVE_DTYPES:
         return 0
     if dtype == torch.bfloat16 and bfloat16_packs():

@@ -68,3 +68,12 @@ def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
     else:
         assert fp32.native_max_rows == cpu_native.SMALL_GEMM_MAX_ROWS
     assert native_max_rows(torch.float16) == 0
+
+
+def test_native_kernels_switched_off_keep_no_second_weight_copy(monkeypatch):
+    monkeypatch.setenv(cpu_native.ENV_VAR, "0")
+    reference = nn.Linear(16, 8)
+    linear = PackedLinear(reference)
+    assert linear.native_max_rows == 0 and linear.dense_weight is None
+    x = torch.randn(2, 16)  # two rows: the native kernels' size, now oneDNN's
+    torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
