@@ -129,6 +129,13 @@ static inline void bf16_store(uint16_t *p, float value) {
     *p = (uint16_t)(bits >> 16);
 }
 
+/* value rounded to bfloat16 and widened back: an intermediate that torch rounds to the model's dtype. */
+static inline float bf16_round(float value) {
+    uint16_t rounded;
+    bf16_store(&rounded, value);
+    return bf16_load(&rounded);
+}
+
 /* One row of a state (d_state values) in float32, wherever the pool keeps it. */
 static inline void row_load(const void *pool, int bf16, int64_t offset, float *row, int n) {
     if (bf16) {
@@ -428,11 +435,7 @@ void tandem_rms_norm(const void *x, int64_t x_stride, const void *z, int64_t z_s
         const float scale = 1.0f / sqrtf(squares / (float)group_size + eps);
         for (int i = 0; i < group_size; i++) h[i] *= scale;
         if (bf16) { /* round to the input dtype before the weight multiply, as HF */
-            uint16_t rounded;
-            for (int i = 0; i < group_size; i++) {
-                bf16_store(&rounded, h[i]);
-                h[i] = w[i] * bf16_load(&rounded);
-            }
+            for (int i = 0; i < group_size; i++) h[i] = w[i] * bf16_round(h[i]);
         } else {
             for (int i = 0; i < group_size; i++) h[i] *= w[i];
         }
@@ -766,11 +769,7 @@ void tandem_silu_and_mul(const void *gate, int64_t gate_stride, const void *up, 
             row_load(up, bf16, row * up_stride + first, u, n);
             silu_inplace(g, n);
             if (bf16) {
-                uint16_t rounded;
-                for (int i = 0; i < n; i++) {
-                    bf16_store(&rounded, g[i]);
-                    g[i] = bf16_load(&rounded) * u[i];
-                }
+                for (int i = 0; i < n; i++) g[i] = bf16_round(g[i]) * u[i];
             } else {
                 for (int i = 0; i < n; i++) g[i] *= u[i];
             }
