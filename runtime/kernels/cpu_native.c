@@ -259,97 +259,145 @@ void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-/* 64 values of one state row (fixed p) through tokens [begin, end), held in eight vector registers for
- * the whole sequence: only B_t and C_t stream in, where a whole-row sweep per token would stream the
- * head's state (32 KiB for 64 x 128) through the L1 cache at every token. y[t, p] accumulates the
- * block's share of state_t . C_t. */
-static void scan_block64(float *row, int d_state, int64_t length, const float *xdt, const float *decay,
-                         const float *b, const float *c, int64_t bc_stride, float *y) {
-    __m256 r[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(row + 8 * i);
-    for (int64_t t = 0; t < length; t++, b += bc_stride, c += bc_stride) {
-        const __m256 vd = _mm256_set1_ps(decay[t]), vx = _mm256_set1_ps(xdt[t]);
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i += 2) {
-            r[i] = _mm256_fmadd_ps(vx, _mm256_loadu_ps(b + 8 * i), _mm256_mul_ps(r[i], vd));
-            r[i + 1] = _mm256_fmadd_ps(vx, _mm256_loadu_ps(b + 8 * i + 8), _mm256_mul_ps(r[i + 1], vd));
-            acc0 = _mm256_fmadd_ps(r[i], _mm256_loadu_ps(c + 8 * i), acc0);
-            acc1 = _mm256_fmadd_ps(r[i + 1], _mm256_loadu_ps(c + 8 * i + 8), acc1);
-        }
-        y[t] += sum8(_mm256_add_ps(acc0, acc1));
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) _mm256_storeu_ps(row + 8 * i, r[i]);
-}
-#define SCAN_BLOCK 64
+/* The prefill scan's register tile: SCAN_VW channels (p) x SCAN_NB state entries (n) of one head's
+ * state, vectorised over the channels. GCC's vector types compile to 512-bit registers where the CPU
+ * has AVX-512 and to 256-bit ones where it has AVX2; the tile fills about half the register file. */
+#if defined(__AVX512F__)
+typedef float scan_vec __attribute__((vector_size(64)));
+#define SCAN_VW 16
+#define SCAN_NB 16
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef float scan_vec __attribute__((vector_size(32)));
+#define SCAN_VW 8
+#define SCAN_NB 8
 #else
-#define SCAN_BLOCK 0
+#define SCAN_VW 0
+#endif
+
+#if SCAN_VW
+static inline scan_vec scan_load(const float *p) {
+    scan_vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void scan_store(float *p, scan_vec v) { memcpy(p, &v, sizeof v); }
+
+/* One tile through the tokens of one sequence, held in registers all along: a token costs
+ * broadcasts of B_t[n] and C_t[n] and three multiply-adds per register, and its share of
+ * y_t = state . C_t needs no sum across lanes (a register per state row needs one per channel and
+ * token, which was most of the old loop). tile: [n][lane], in and out. xdt (x * dt'), y: the tile's
+ * channels of token 0, rows x_stride apart; decay: token 0's, decay_stride apart; b, c: token 0's
+ * entries n0.., bc_stride apart. y accumulates. */
+static void scan_tile(float *tile, int64_t length, const float *xdt, int64_t x_stride, const float *decay,
+                      int64_t decay_stride, const float *b, const float *c, int64_t bc_stride, float *y) {
+    scan_vec s[SCAN_NB];
+#pragma GCC unroll 16
+    for (int j = 0; j < SCAN_NB; j++) s[j] = scan_load(tile + j * SCAN_VW);
+    for (int64_t t = 0; t < length; t++) {
+        const scan_vec u = scan_load(xdt + t * x_stride);
+        const float a = decay[t * decay_stride];
+        const float *bt = b + t * bc_stride, *ct = c + t * bc_stride;
+        /* Two accumulators: the next token's updates need only the states, so the sums overlap them. */
+        scan_vec acc0 = {0}, acc1 = {0};
+#pragma GCC unroll 16
+        for (int j = 0; j < SCAN_NB; j += 2) {
+            s[j] = s[j] * a + u * bt[j];
+            s[j + 1] = s[j + 1] * a + u * bt[j + 1];
+            acc0 += s[j] * ct[j];
+            acc1 += s[j + 1] * ct[j + 1];
+        }
+        float *yt = y + t * x_stride;
+        scan_store(yt, scan_load(yt) + acc0 + acc1);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < SCAN_NB; j++) scan_store(tile + j * SCAN_VW, s[j]);
+}
+
+/* state ([p][n], row-major) to tiles ([p block][n block][n][lane]) and back. */
+static void to_tiles(const float *state, float *tiles, int head_dim, int d_state) {
+    for (int p = 0; p < head_dim; p++)
+        for (int n = 0; n < d_state; n++) {
+            const int64_t tile = (int64_t)(p / SCAN_VW) * (d_state / SCAN_NB) + n / SCAN_NB;
+            tiles[(tile * SCAN_NB + n % SCAN_NB) * SCAN_VW + p % SCAN_VW] = state[(int64_t)p * d_state + n];
+        }
+}
+
+static void from_tiles(const float *tiles, float *state, int head_dim, int d_state) {
+    for (int p = 0; p < head_dim; p++)
+        for (int n = 0; n < d_state; n++) {
+            const int64_t tile = (int64_t)(p / SCAN_VW) * (d_state / SCAN_NB) + n / SCAN_NB;
+            state[(int64_t)p * d_state + n] = tiles[(tile * SCAN_NB + n % SCAN_NB) * SCAN_VW + p % SCAN_VW];
+        }
+}
 #endif
 
 /* Mamba-2 prefill as the plain recurrence, token by token (vLLM's CPU design): linear in tokens, and
- * each (sequence, head) state stays in the core's cache for the whole sequence. x, y: (T, H, P);
- * dt: (T, H) already dt'; decays: (T, H) exp(dt' A); B, C: (T, G, N); starts: (S+1,) token offsets; resume: (S,) start from the
- * pool's state (else zeros); slots: (S,), -1 = padding (no read, no write; outputs still computed
- * from zeros, as the reference does). The final state of each sequence is written to its slot. */
+ * each (sequence, head) state stays in the core's cache for the whole sequence. x: (T, H, P), float32
+ * or bfloat16 (x_bf16), token rows x_stride elements apart, each head's P channels contiguous (a slice
+ * of the conv output, read where it lies); y: (T, H, P) contiguous, float32 or bfloat16 (y_bf16);
+ * dt: (T, H) already dt'; decays: (T, H) exp(dt' A); B, C: (T, G, N) float32; starts: (S+1,) token
+ * offsets; resume: (S,) start from the pool's state (else zeros); slots: (S,), -1 = padding (no read,
+ * no write; outputs still computed from zeros, as the reference does). The final state of each
+ * sequence is written to its slot. */
 void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_stride, const int64_t *slots,
                      const int32_t *starts, const uint8_t *resume, int num_seqs, int num_heads, int head_dim,
-                     int d_state, int num_groups, const float *x, const float *dt, const float *decays,
-                     const float *B, const float *C, const float *D, float *y, int num_threads) {
+                     int d_state, int num_groups, const void *x, int x_bf16, int64_t x_stride, const float *dt,
+                     const float *decays, const float *B, const float *C, const float *D, void *y, int y_bf16,
+                     int num_threads) {
     const int heads_per_group = num_heads / num_groups;
-    const int64_t state_size = (int64_t)head_dim * d_state;
+    const int64_t state_size = (int64_t)head_dim * d_state, bc_stride = (int64_t)num_groups * d_state;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *state = (float *)malloc((size_t)state_size * sizeof(float));
+        float *state = (float *)malloc((size_t)state_size * 2 * sizeof(float));
+        float *tiles = state + state_size;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < (int64_t)num_seqs * num_heads; item++) {
             const int seq = (int)(item / num_heads), head = (int)(item % num_heads);
             const int group = head / heads_per_group;
             const int64_t slot = slots[seq];
             const int64_t base = slot * slot_stride + head * head_stride;
+            const int64_t first = starts[seq], length = starts[seq + 1] - starts[seq];
             if (slot >= 0 && resume[seq]) {
                 for (int p = 0; p < head_dim; p++)
                     row_load(states, bf16, base + (int64_t)p * d_state, state + (int64_t)p * d_state, d_state);
             } else {
                 memset(state, 0, (size_t)state_size * sizeof(float));
             }
-#if SCAN_BLOCK
-            if (d_state % SCAN_BLOCK == 0) {
-                const int64_t first = starts[seq], length = starts[seq + 1] - starts[seq];
-                float *xdt = (float *)malloc((size_t)(2 * head_dim + 1) * length * sizeof(float));
-                float *ys = xdt + head_dim * length, *decay = ys + head_dim * length;
-                for (int64_t i = 0; i < length; i++) {
-                    const int64_t th = (first + i) * num_heads + head;
-                    decay[i] = decays[th];
-                    for (int p = 0; p < head_dim; p++) {
-                        xdt[p * length + i] = x[th * head_dim + p] * dt[th];
-                        ys[p * length + i] = D[head * head_dim + p] * x[th * head_dim + p];
-                    }
-                }
-                const float *b = B + (first * num_groups + group) * d_state, *c = C + (first * num_groups + group) * d_state;
-                for (int p = 0; p < head_dim; p++)
-                    for (int n0 = 0; n0 < d_state; n0 += SCAN_BLOCK)
-                        scan_block64(state + (int64_t)p * d_state + n0, d_state, length, xdt + p * length, decay, b + n0,
-                                     c + n0, (int64_t)num_groups * d_state, ys + p * length);
-                for (int64_t i = 0; i < length; i++) {
-                    const int64_t th = (first + i) * num_heads + head;
-                    for (int p = 0; p < head_dim; p++) y[th * head_dim + p] = ys[p * length + i];
-                }
-                free(xdt);
-            } else
-#endif
-            for (int64_t t = starts[seq]; t < starts[seq + 1]; t++) {
-                const int64_t th = t * num_heads + head;
-                const float *b = B + (t * num_groups + group) * d_state;
-                const float *c = C + (t * num_groups + group) * d_state;
-                const float *x_t = x + th * head_dim;
+            /* The head's x * dt and D * x for the sequence, (length, P) each: the scan then streams
+             * compact float32 rows whatever x's type and layout. */
+            float *xdt = (float *)malloc((size_t)2 * length * head_dim * sizeof(float));
+            float *ys = xdt + length * head_dim;
+            for (int64_t i = 0; i < length; i++) {
+                const int64_t th = (first + i) * num_heads + head;
+                float *row = xdt + i * head_dim;
+                row_load(x, x_bf16, (first + i) * x_stride + (int64_t)head * head_dim, row, head_dim);
                 for (int p = 0; p < head_dim; p++) {
-                    const float acc = update_row(state + (int64_t)p * d_state, b, c, decays[th], x_t[p] * dt[th], d_state);
-                    y[th * head_dim + p] = acc + D[head * head_dim + p] * x_t[p];
+                    ys[i * head_dim + p] = D[head * head_dim + p] * row[p];
+                    row[p] *= dt[th];
                 }
             }
+            const float *b = B + (first * num_groups + group) * d_state, *c = C + (first * num_groups + group) * d_state;
+            const float *decay = decays + first * num_heads + head;
+#if SCAN_VW
+            if (head_dim % SCAN_VW == 0 && d_state % SCAN_NB == 0) {
+                to_tiles(state, tiles, head_dim, d_state);
+                for (int p0 = 0; p0 < head_dim; p0 += SCAN_VW)
+                    for (int n0 = 0; n0 < d_state; n0 += SCAN_NB) {
+                        float *tile = tiles + ((int64_t)(p0 / SCAN_VW) * (d_state / SCAN_NB) + n0 / SCAN_NB) * SCAN_NB * SCAN_VW;
+                        scan_tile(tile, length, xdt + p0, head_dim, decay, num_heads, b + n0, c + n0, bc_stride, ys + p0);
+                    }
+                from_tiles(tiles, state, head_dim, d_state);
+            } else
+#endif
+            for (int64_t i = 0; i < length; i++) {
+                for (int p = 0; p < head_dim; p++)
+                    ys[i * head_dim + p] += update_row(state + (int64_t)p * d_state, b + i * bc_stride, c + i * bc_stride,
+                                                       decay[i * num_heads], xdt[i * head_dim + p], d_state);
+            }
+            for (int64_t i = 0; i < length; i++)
+                row_store(y, y_bf16, ((first + i) * num_heads + head) * head_dim, ys + i * head_dim, head_dim);
+            free(xdt);
             if (slot >= 0) {
                 for (int p = 0; p < head_dim; p++)
                     row_store(states, bf16, base + (int64_t)p * d_state, state + (int64_t)p * d_state, d_state);

@@ -50,7 +50,8 @@ _SIGNATURES = {
     "tandem_ssm_state_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                 *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
     "tandem_ssm_scan": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3,
-                        *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
+                        *[ctypes.c_int] * 5, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, *[ctypes.c_void_p] * 6,
+                        ctypes.c_int, ctypes.c_int],
     "tandem_conv_fn": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 3,
                        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, *[ctypes.c_void_p] * 2, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_int],
@@ -224,17 +225,21 @@ def ssd_scan_native(
     num_groups, d_state = B.shape[1:]
     assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and A.shape == (num_heads,)
     assert num_heads % num_groups == 0 and state_indices.shape == (meta.num_sequences,)
-    y = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
+    # x is read as it lies (a bfloat16 or float32 slice of the conv output) and y written in out's type.
+    readable = x.dtype in NATIVE_DTYPES and x.stride(2) == 1 and x.stride(1) == head_dim
+    source = x if readable else x.float().contiguous()
+    y = out if out.dtype in NATIVE_DTYPES and out.is_contiguous() else torch.empty(x.shape, dtype=torch.float32)
     slots, starts, resume = _prefill_arrays(state_indices, meta, num_tokens)
     per_channel = D.float().reshape(num_heads, -1).expand(num_heads, head_dim)
     step = time_step(dt, dt_bias, dt_limit)
-    inputs, _held = _pointers(x, step, torch.exp(step * A), B, C, per_channel)
+    inputs, _held = _pointers(step, torch.exp(step * A), B, C, per_channel)
     _library().tandem_ssm_scan(
         ssm_states.data_ptr(), ssm_states.dtype == torch.bfloat16, ssm_states.stride(0), ssm_states.stride(1),
         slots.data_ptr(), starts.data_ptr(), resume.data_ptr(), meta.num_sequences, num_heads, head_dim, d_state,
-        num_groups, *inputs, y.data_ptr(), torch.get_num_threads(),
+        num_groups, source.data_ptr(), source.dtype == torch.bfloat16, source.stride(0), *inputs, y.data_ptr(),
+        y.dtype == torch.bfloat16, torch.get_num_threads(),
     )
-    return out.copy_(y)
+    return out if y is out else out.copy_(y)
 
 
 def causal_conv1d_fn_native(

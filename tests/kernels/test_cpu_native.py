@@ -104,19 +104,24 @@ def test_the_library_builds_into_the_cache_directory_and_can_be_switched_off(tmp
 
 
 @pytest.mark.parametrize("dtype, state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
-@pytest.mark.parametrize("d_state", [24, 128])  # the generic loop, and the AVX2 kernel's blocks of 64
-def test_scan_matches_the_chunked_reference(page_pool, dtype, state_dtype, d_state):
+# The generic loop; register tiles of 8 channels (AVX2; the generic loop under AVX-512); tiles on every ISA.
+@pytest.mark.parametrize("head_dim, d_state", [(8, 24), (8, 128), (32, 128)])
+def test_scan_matches_the_chunked_reference(page_pool, dtype, state_dtype, head_dim, d_state):
     """Fresh and resumed sequences over several chunks, and a padding slot, against ssd_scan_ref."""
     torch.manual_seed(7)
-    heads, head_dim, groups = 4, 8, 2
+    heads, groups = 4, 2
     pools, (ours, theirs) = state_views(page_pool, state_dtype, (heads, head_dim, d_state), seed=3)
     query_lens, computed = [19, 1, 7, 12], [0, 5, 16, 0]
     slots = torch.tensor([2, 5, -1, 0])
     meta = build_mamba_prefill_metadata(query_lens, computed, chunk_size=8, device="cpu")
     inputs = random_ssm_inputs(sum(query_lens), heads, head_dim, groups, d_state, dtype)
+    # A strided view in the model's dtype, as the mixer passes a slice of the conv output.
+    x = torch.randn(sum(query_lens), heads * head_dim + 2 * groups * d_state).to(dtype)
+    inputs["x"] = x[:, : heads * head_dim].view(-1, heads, head_dim)
     pools[0].allow_writes(ours, slots[slots >= 0])
     before = pools[0].snapshot()
-    out, expected = torch.full_like(inputs["x"], float("nan")), torch.empty_like(inputs["x"])
+    shape = inputs["x"].shape
+    out, expected = torch.full(shape, float("nan"), dtype=dtype), torch.empty(shape, dtype=dtype)
 
     cpu_native.ssd_scan_native(**inputs, dt_limit=(0.0, float("inf")), ssm_states=ours, state_indices=slots,
                                meta=meta, out=out)
