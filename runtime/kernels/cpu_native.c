@@ -656,6 +656,154 @@ void tandem_small_gemm(const void *w, int bf16, const float *x, const float *bia
     }
 }
 
+/* y = x W^T (+ bias) for a decode batch, on weights packed in panels of PANEL output features, where
+ * the CPU has AVX-512: the outer-product form, a block of up to PANEL_ROWS rows x PANEL features in 24
+ * registers, each step of k one load of the panel's row and a broadcast per row of x. A panel is read
+ * from memory once, by the first block of rows, and from L2 by the others, while the next panel is
+ * prefetched: where oneDNN's float32 GEMM ran at half the machine's rate at 32 rows and its bfloat16
+ * one read the weights at 10-20 GB/s (docs/performance.md). float32 weights: (panels, K, PANEL);
+ * bfloat16 weights (AVX-512 BF16): (panels, K / 2, PANEL, 2), pairs of k multiplied and summed by
+ * vdpbf16ps, with x in bfloat16 too. The packed weights' features past N and k past K are zeros. */
+#define PANEL 32
+#define PANEL_ROWS 12
+
+int tandem_panel_gemm_dtypes(void) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    return 3; /* float32 and bfloat16 */
+#elif defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__AVX512F__)
+static inline void panel_store(void *y, int64_t y_stride, int rows, int cols, __m512 acc[][2], const float *bias,
+                               int y_bf16) {
+    const __mmask16 mask0 = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
+    const __mmask16 mask1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(mask0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(mask1, bias + 16) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        const __m512 v0 = _mm512_add_ps(acc[r][0], b0), v1 = _mm512_add_ps(acc[r][1], b1);
+#if defined(__AVX512BF16__)
+        if (y_bf16) {
+            uint16_t *row = (uint16_t *)y + r * y_stride;
+            _mm256_mask_storeu_epi16(row, mask0, (__m256i)_mm512_cvtneps_pbh(v0));
+            _mm256_mask_storeu_epi16(row + 16, mask1, (__m256i)_mm512_cvtneps_pbh(v1));
+            continue;
+        }
+#endif
+        float *row = (float *)y + r * y_stride;
+        _mm512_mask_storeu_ps(row, mask0, v0);
+        _mm512_mask_storeu_ps(row + 16, mask1, v1);
+    }
+}
+
+/* ROWS rows of x against one float32 panel; ROWS is a constant in each inlined copy, so the
+ * accumulators stay in registers. next: the panel to prefetch into L2 (or NULL). */
+static inline __attribute__((always_inline)) void panel_f32(const float *w, const float *x, int64_t x_stride,
+                                                           int K, const float *next, int passes, __m512 acc[][2],
+                                                           const int ROWS) {
+    for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int k = 0, ahead = 0; k < K; k++) {
+        const __m512 w0 = _mm512_loadu_ps(w + k * PANEL), w1 = _mm512_loadu_ps(w + k * PANEL + 16);
+        if (k % passes == 0 && ahead < K) {
+            _mm_prefetch((const char *)(next + ahead * PANEL), _MM_HINT_T1);
+            _mm_prefetch((const char *)(next + ahead * PANEL + 16), _MM_HINT_T1);
+            ahead++;
+        }
+        for (int r = 0; r < ROWS; r++) {
+            const __m512 xr = _mm512_set1_ps(x[r * x_stride + k]);
+            acc[r][0] = _mm512_fmadd_ps(xr, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xr, w1, acc[r][1]);
+        }
+    }
+}
+
+#if defined(__AVX512BF16__)
+/* As panel_f32 for a bfloat16 panel and bfloat16 x; K even. */
+static inline __attribute__((always_inline)) void panel_bf16(const uint16_t *w, const uint16_t *x, int64_t x_stride,
+                                                            int K, const uint16_t *next, int passes, __m512 acc[][2],
+                                                            const int ROWS) {
+    for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int k = 0, ahead = 0; k < K; k += 2) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k * PANEL);
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + k * PANEL + 32);
+        if ((k / 2) % passes == 0 && ahead < K) {
+            _mm_prefetch((const char *)(next + ahead * PANEL), _MM_HINT_T1);
+            _mm_prefetch((const char *)(next + ahead * PANEL + 32), _MM_HINT_T1);
+            ahead += 2;
+        }
+        for (int r = 0; r < ROWS; r++) {
+            int32_t pair;
+            memcpy(&pair, x + r * x_stride + k, sizeof pair);
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32(pair);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, xr);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, xr);
+        }
+    }
+}
+#endif
+
+/* One panel for `rows` (1..PANEL_ROWS) rows, with the row count a constant in each case. */
+#define PANEL_CASES(CALL) \
+    switch (rows) { \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
+    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; case 8: CALL(8); break; \
+    case 9: CALL(9); break; case 10: CALL(10); break; case 11: CALL(11); break; default: CALL(12); break; \
+    }
+#endif
+
+/* x: (M, K) rows x_stride apart, in the weights' type; y: (M, N) float32 or bfloat16 (y_bf16), rows
+ * N apart; bias: (N,) float32 or NULL. Threads take contiguous runs of panels, so each prefetches
+ * its own next one. */
+void tandem_panel_gemm(const void *w, int bf16, const void *x, int64_t x_stride, const float *bias, void *y,
+                       int y_bf16, int M, int N, int K, int num_threads) {
+#if defined(__AVX512F__)
+    if (M < 1) return;
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    const int64_t panel_size = (int64_t)PANEL * (bf16 ? K + K % 2 : K);
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t panel = 0; panel < panels; panel++) {
+        const int64_t n0 = panel * PANEL;
+        const int cols = N - n0 < PANEL ? (int)(N - n0) : PANEL;
+        __m512 acc[PANEL_ROWS][2];
+        for (int m0 = 0; m0 < M; m0 += PANEL_ROWS) {
+            const int rows = M - m0 < PANEL_ROWS ? M - m0 : PANEL_ROWS;
+            /* The blocks of rows share the prefetch of the next panel (the last panel prefetches
+             * itself, harmlessly): each block reads the panel once, the first from memory. */
+            const int passes = (M + PANEL_ROWS - 1) / PANEL_ROWS, pass = m0 / PANEL_ROWS;
+            const int64_t ahead = panel + 1 < panels ? panel_size : 0;
+            const int64_t share = (bf16 ? (K + K % 2) / 2 : K) / passes * pass * PANEL * (bf16 ? 2 : 1);
+            if (bf16) {
+#if defined(__AVX512BF16__)
+                const uint16_t *wp = (const uint16_t *)w + panel * panel_size;
+                const uint16_t *xs = (const uint16_t *)x + m0 * x_stride;
+                const uint16_t *next = wp + ahead + share;
+#define PANEL_BF16(R) panel_bf16(wp, xs, x_stride, K, next, passes, acc, R)
+                PANEL_CASES(PANEL_BF16)
+#undef PANEL_BF16
+#endif
+            } else {
+                const float *wp = (const float *)w + panel * panel_size;
+                const float *xs = (const float *)x + m0 * x_stride;
+                const float *next = wp + ahead + share;
+#define PANEL_F32(R) panel_f32(wp, xs, x_stride, K, next, passes, acc, R)
+                PANEL_CASES(PANEL_F32)
+#undef PANEL_F32
+            }
+            const int64_t offset = (int64_t)m0 * N + n0;
+            void *out = y_bf16 ? (void *)((uint16_t *)y + offset) : (void *)((float *)y + offset);
+            panel_store(out, N, rows, cols, acc, bias ? bias + n0 : NULL, y_bf16);
+        }
+    }
+#else
+    (void)w; (void)bf16; (void)x; (void)x_stride; (void)bias; (void)y; (void)y_bf16; (void)M; (void)N; (void)K;
+    (void)num_threads;
+#endif
+}
+
 /* Decode attention over the paged cache: one new token per sequence attends its seq_len cached keys.
  * k, v: the cache views, (pages, block_size, Hkv, D) with the given element strides (D contiguous);
  * block_table: (S, table_stride) page ids; q, out: (S, Hq, D) float32. One (sequence, KV head) per

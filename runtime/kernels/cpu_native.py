@@ -67,6 +67,9 @@ _SIGNATURES = {
     "tandem_store_kv": [ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 2,
                         *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3, ctypes.c_int, ctypes.c_void_p,
                         *[ctypes.c_int] * 5],
+    "tandem_panel_gemm": [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 2,
+                          *[ctypes.c_int] * 5],
+    "tandem_panel_gemm_dtypes": [],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
                            *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
 }
@@ -93,6 +96,7 @@ def _library() -> ctypes.CDLL | None:
     for name, argtypes in _SIGNATURES.items():
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
+    library.tandem_panel_gemm_dtypes.restype = ctypes.c_int
     return library
 
 
@@ -329,6 +333,53 @@ def _linear(kernel, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     (x_ptr, bias_ptr), _held = _pointers(x, bias)
     kernel(weight.data_ptr(), weight.dtype == torch.bfloat16, x_ptr, bias_ptr, y.data_ptr(), rows, out_features,
            in_features, torch.get_num_threads())
+    return y
+
+
+PANEL = 32  # output features per panel of packed weights, as in cpu_native.c
+
+
+def panel_dtypes() -> tuple[torch.dtype, ...]:
+    """The weight types panel_gemm runs here: float32 where the CPU has AVX-512, bfloat16 where it
+    has AVX-512 BF16 too; none elsewhere (or where the library does not build)."""
+    library = _library()
+    if library is None:
+        return ()
+    supported = library.tandem_panel_gemm_dtypes()
+    return tuple(dtype for bit, dtype in ((1, torch.float32), (2, torch.bfloat16)) if supported & bit)
+
+
+def pack_panels(weight: Tensor) -> Tensor:
+    """weight (N, K), float32 or bfloat16, in the layout panel_gemm reads: float32 (panels, K, PANEL),
+    bfloat16 (panels, K / 2, PANEL, 2); features past N and a bfloat16 k past K are zeros."""
+    n, k = weight.shape
+    padded_n, padded_k = -(-n // PANEL) * PANEL, k + k % 2 if weight.dtype == torch.bfloat16 else k
+    padded = weight.new_zeros(padded_n, padded_k)
+    padded[:n, :k] = weight
+    if weight.dtype == torch.bfloat16:
+        return padded.view(padded_n // PANEL, PANEL, padded_k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return padded.view(padded_n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+
+
+def panel_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    """x @ weight.T (+ bias) for a decode batch, on weights packed by pack_panels; x (M, K) is taken in
+    the weights' type (bfloat16 products are exact in float32, accumulated in float32) and the result
+    returned in it."""
+    rows, in_features = x.shape
+    dtype = panels.dtype
+    assert dtype in panel_dtypes() and panels.shape[0] == -(-out_features // PANEL)
+    if dtype == torch.bfloat16:
+        assert panels.shape[1:] == (-(-in_features // 2), PANEL, 2)
+        if in_features % 2:  # the kernel reads x in pairs of k: pad with a zero
+            x = torch.nn.functional.pad(x, (0, 1))
+    source = x.to(dtype)
+    if source.stride(1) != 1:
+        source = source.contiguous()
+    y = torch.empty(rows, out_features, dtype=dtype)
+    (bias_ptr,), _held = _pointers(bias)
+    _library().tandem_panel_gemm(panels.data_ptr(), dtype == torch.bfloat16, source.data_ptr(), source.stride(0),
+                                 bias_ptr, y.data_ptr(), dtype == torch.bfloat16, rows, out_features, in_features,
+                                 torch.get_num_threads())
     return y
 
 

@@ -13,14 +13,15 @@ so a bfloat16 linear keeps its weights widened to float32 and multiplies in floa
 bfloat16 values is exact in float32, and both paths accumulate in float32 and round the output to
 bfloat16, so only the summation order differs.
 
-A decode batch goes to cpu_native's kernels instead, on the weights as stored (a bfloat16 model's
-stream half the bytes), where the native library builds and where they beat oneDNN (`native_max_rows`).
-Those kernels are 256-bit AVX2 code. On a CPU with AVX2 only: up to 4 rows the matrix-vector kernel (oneDNN
-read the weights at about half the machine's bandwidth there), up to SMALL_GEMM_MAX_ROWS the small GEMM
-(dot products, 8 rows at a time: 2x oneDNN at 8 rows, 1.2-1.6x at 32). Where the CPU has AVX-512, oneDNN's
-512-bit float32 GEMM wins from about 8 rows (the matrix-vector kernel still wins up to 4), and where it runs
-bfloat16 natively (AVX-512 BF16, AMX), oneDNN's bfloat16 GEMM wins at every row count (1.8x at one row on
-the LM head, 7x at 32 rows; docs/performance.md).
+A decode batch goes to cpu_native's kernels instead, where the native library builds and where they beat
+oneDNN. Where the CPU has AVX-512, the panel kernel (`panel_max_rows`): the weights packed once more in
+panels of 32 output features, a block of rows times a panel in registers, the next panel prefetched;
+float32 up to 64 rows (0.65-0.75x oneDNN's time at 32 rows, 0.75-0.86x at 64), bfloat16 (AVX-512 BF16)
+up to 4 rows (0.4-0.85x; oneDNN's AMX GEMM wins from 8 rows; docs/performance.md). On a CPU with AVX2
+only (`native_max_rows`), the AVX2 kernels on the weights as stored: up to 4 rows the matrix-vector
+kernel (oneDNN read the weights at about half the machine's bandwidth there), up to SMALL_GEMM_MAX_ROWS
+the small GEMM (dot products, 8 rows at a time: 2x oneDNN at 8 rows, 1.2-1.6x at 32); bfloat16 there is
+widened to float32 as above.
 """
 
 from __future__ import annotations
@@ -49,8 +50,14 @@ class PackedLinear(nn.Module):
                              persistent=False)
         bias = linear.bias.detach().to(gemm_type) if linear.bias is not None else None
         self.register_buffer("bias", bias, persistent=False)
-        # A second copy of the weights, as stored, for the decode-batch kernels where they pay.
-        self.native_max_rows = native_max_rows(weight.dtype)
+        # A second copy of the weights for the decode-batch kernels where they pay: packed in panels,
+        # or as stored.
+        self.panel_max_rows = panel_max_rows(weight.dtype)
+        panels = self.panel_max_rows > 0
+        self.register_buffer("panels", cpu_native.pack_panels(weight) if panels else None, persistent=False)
+        bias = linear.bias.detach().float() if panels and linear.bias is not None else None
+        self.register_buffer("panel_bias", bias, persistent=False)
+        self.native_max_rows = 0 if panels else native_max_rows(weight.dtype)
         native = self.native_max_rows > 0
         self.register_buffer("dense_weight", weight.contiguous() if native else None, persistent=False)
         bias = linear.bias.detach().float() if native and linear.bias is not None else None
@@ -59,6 +66,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         rows = flat.shape[0]
+        if rows <= self.panel_max_rows:
+            y = cpu_native.panel_gemm(flat, self.panels, self.panel_bias, self.out_features)
+            return y.view(*x.shape[:-1], self.out_features)
         if rows <= self.native_max_rows:
             kernel = cpu_native.gemv if rows <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
             y = kernel(flat, self.dense_weight, self.dense_bias).to(self.dtype)
@@ -102,6 +112,18 @@ def pack_linears(model: nn.Module) -> int:
                 setattr(parent, name, PackedLinear(child))
                 packed += 1
     return packed
+
+
+# Up to how many rows the panel kernel beat oneDNN on the AVX-512 machine with AMX (docs/performance.md).
+PANEL_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 4}
+
+
+def panel_max_rows(dtype: torch.dtype) -> int:
+    """Up to how many rows a linear of this weight type runs on cpu_native's panel kernel here (0: never,
+    as on a CPU without AVX-512). Not cached, as native_max_rows."""
+    if not cpu_native.available() or dtype not in cpu_native.panel_dtypes():
+        return 0
+    return PANEL_MAX_ROWS[dtype]
 
 
 def native_max_rows(dtype: torch.dtype) -> int:

@@ -5,7 +5,15 @@ import torch
 from torch import nn
 
 from runtime.kernels import cpu_native
-from runtime.layers.linear import PackedLinear, bfloat16_packs, bucket, native_max_rows, pack_linears
+from runtime.layers.linear import (
+    PANEL_MAX_ROWS,
+    PackedLinear,
+    bfloat16_packs,
+    bucket,
+    native_max_rows,
+    pack_linears,
+    panel_max_rows,
+)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 5, 7, 8, 9, 17, 48, 49, 100, 129, 300])
@@ -54,20 +62,37 @@ def test_pack_linears_packs_float32_and_bfloat16_and_leaves_others():
 
 
 def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
-    """The native kernels are AVX2 code: where oneDNN runs bfloat16 natively (AVX-512 BF16, AMX) its GEMM wins
-    at every row count, so a bfloat16 linear keeps no second copy of its weights; float32 uses them up to 4
-    rows where the CPU has AVX-512, up to SMALL_GEMM_MAX_ROWS where it has AVX2 only."""
-    bf16 = PackedLinear(nn.Linear(16, 8).to(torch.bfloat16))
+    """Where the CPU has AVX-512 the panel kernel takes decode batches: float32 up to 64 rows, bfloat16 (with
+    AVX-512 BF16) up to 4, beyond which oneDNN's AMX GEMM wins. The AVX2 kernels take float32 batches up to
+    SMALL_GEMM_MAX_ROWS where there is no panel kernel; where oneDNN runs bfloat16 natively they never take
+    bfloat16 ones. A linear keeps one second copy of its weights at most."""
+    panel_dtypes = cpu_native.panel_dtypes() if cpu_native.available() else ()
+    for dtype in (torch.float32, torch.bfloat16):
+        linear = PackedLinear(nn.Linear(16, 8).to(dtype))
+        if dtype in panel_dtypes:
+            assert linear.panel_max_rows == PANEL_MAX_ROWS[dtype] and linear.panels is not None
+            assert linear.native_max_rows == 0 and linear.dense_weight is None
+        else:
+            assert linear.panel_max_rows == 0 and linear.panels is None
+            assert linear.native_max_rows == native_max_rows(dtype)
     if bfloat16_packs():
-        assert bf16.native_max_rows == 0 and bf16.dense_weight is None
-    fp32 = PackedLinear(nn.Linear(16, 8))
+        assert native_max_rows(torch.bfloat16) == 0
     if not cpu_native.available():
-        assert fp32.native_max_rows == 0 and fp32.dense_weight is None
-    elif torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-        assert fp32.native_max_rows == cpu_native.GEMV_MAX_ROWS
-    else:
-        assert fp32.native_max_rows == cpu_native.SMALL_GEMM_MAX_ROWS
-    assert native_max_rows(torch.float16) == 0
+        assert native_max_rows(torch.float32) == 0
+    elif not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        assert native_max_rows(torch.float32) == cpu_native.SMALL_GEMM_MAX_ROWS
+    assert native_max_rows(torch.float16) == 0 and panel_max_rows(torch.float16) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 4, 5, 64, 65])
+def test_every_kernel_a_linear_picks_matches_nn_linear(dtype, rows):
+    """The row counts either side of each kernel's limit, on whatever kernels this CPU picks."""
+    torch.manual_seed(rows)
+    reference = nn.Linear(96, 72).to(dtype)
+    x = torch.randn(rows, 96).to(dtype)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2.0**-7, atol=1e-2)
+    torch.testing.assert_close(PackedLinear(reference)(x), reference(x), **tolerance)
 
 
 def test_native_kernels_switched_off_keep_no_second_weight_copy(monkeypatch):
@@ -75,5 +100,6 @@ def test_native_kernels_switched_off_keep_no_second_weight_copy(monkeypatch):
     reference = nn.Linear(16, 8)
     linear = PackedLinear(reference)
     assert linear.native_max_rows == 0 and linear.dense_weight is None
+    assert linear.panel_max_rows == 0 and linear.panels is None
     x = torch.randn(2, 16)  # two rows: the native kernels' size, now oneDNN's
     torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)

@@ -205,7 +205,34 @@ def assert_matches_matmul(kernel, dtype, rows, in_features, out_features, bias):
     torch.testing.assert_close(kernel(x, weight, b), expected, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, in_features, out_features, bias", [
+    (1, 37, 53, True),  # odd K (bfloat16 pads a zero pair), a partial last panel of 21 features
+    (5, 64, 16, False),  # one panel, half of it past N
+    (12, 200, 96, True),  # one full block of rows, whole panels
+    (13, 24, 1000, False),  # a block of 12 and one of 1: the second reads the panel again
+    (64, 48, 70, True),  # six blocks share the next panel's prefetch
+])
+def test_panel_gemm_matches_a_float32_matmul(dtype, rows, in_features, out_features, bias):
+    """x in the weights' type, rows a stride apart (a slice), against the float32 product of the same values;
+    bfloat16 results are that product rounded once."""
+    if dtype not in cpu_native.panel_dtypes():
+        pytest.skip(f"the panel kernel does not run {dtype} on this CPU (it needs AVX-512, and AVX-512 BF16)")
+    torch.manual_seed(rows)
+    weight = torch.randn(out_features, in_features).to(dtype)
+    x = torch.randn(rows, in_features + 5).to(dtype)[:, 2 : 2 + in_features]
+    b = torch.randn(out_features) if bias else None
+    expected = x.float() @ weight.float().T + (b if bias else 0)
+    out = cpu_native.panel_gemm(x, cpu_native.pack_panels(weight), b, out_features)
+    assert out.dtype == dtype and out.shape == (rows, out_features)
+    tolerance = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2.0**-8)
+    torch.testing.assert_close(out.float(), expected, **tolerance)
+
+
 def test_gemv_of_no_rows_is_empty():
     """A step whose rows are all mid-prompt samples nothing: the LM head gets zero rows."""
     assert cpu_native.gemv(torch.randn(0, 16), torch.randn(8, 16), None).shape == (0, 8)
     assert cpu_native.small_gemm(torch.randn(0, 16), torch.randn(8, 16), None).shape == (0, 8)
+    if torch.float32 in cpu_native.panel_dtypes():
+        panels = cpu_native.pack_panels(torch.randn(8, 16))
+        assert cpu_native.panel_gemm(torch.randn(0, 16), panels, None, 8).shape == (0, 8)
