@@ -7,6 +7,7 @@
  * in float32, and the tests hold these functions to those references on random inputs.
  */
 
+#define _GNU_SOURCE /* syscall: the AMX permission */
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -803,6 +804,103 @@ void tandem_panel_gemm(const void *w, int bf16, const void *x, int64_t x_stride,
     (void)num_threads;
 #endif
 }
+
+/* The bfloat16 panel GEMM on AMX tiles, for batches past a few rows, where vdpbf16ps runs at the float32
+ * rate and oneDNN's AMX GEMM read the weights at about half the machine's bandwidth (docs/performance.md).
+ * Blocks of 32 rows (x copied once into a zero-padded buffer) times one panel: four 16 x 16 float32
+ * accumulator tiles, two tiles of x and two of the panel (its two halves of 16 features) per 32 values
+ * of k, the next panel prefetched meanwhile. The panel layout is panel_gemm's: each pair of k of the 32
+ * features is one 128-byte row, so a half is a 16-row tile of 64 bytes at a 128-byte stride. K must be a
+ * multiple of 32. Linux grants a process the AMX state on request (tandem_amx_ready). */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_ROWS 32
+
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+int tandem_amx_ready(void) {
+    static int ready = -1;
+    if (ready < 0) ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return ready;
+}
+
+void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, const float *bias, uint16_t *y,
+                     int M, int N, int K, int num_threads) {
+    if (M < 1) return;
+    const int blocks = (M + AMX_ROWS - 1) / AMX_ROWS;
+    uint16_t *padded = (uint16_t *)calloc((size_t)blocks * AMX_ROWS * K, sizeof(uint16_t));
+    for (int m = 0; m < M; m++) memcpy(padded + (int64_t)m * K, x + m * x_stride, (size_t)K * sizeof(uint16_t));
+    const int64_t panels = (N + PANEL - 1) / PANEL, panel_size = (int64_t)PANEL * K;
+#pragma omp parallel num_threads(num_threads)
+    {
+        struct tile_config config = {.palette = 1};
+        for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
+        _tile_loadconfig(&config);
+        float out[AMX_ROWS][PANEL];
+#pragma omp for schedule(static)
+        for (int64_t panel = 0; panel < panels; panel++) {
+            const uint16_t *wp = w + panel * panel_size;
+            const uint16_t *next = wp + (panel + 1 < panels ? panel_size : 0);
+            const int64_t n0 = panel * PANEL;
+            const int cols = N - n0 < PANEL ? (int)(N - n0) : PANEL;
+            const __mmask16 mask0 = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
+            const __mmask16 mask1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+            const __m512 b0 = bias ? _mm512_maskz_loadu_ps(mask0, bias + n0) : _mm512_setzero_ps();
+            const __m512 b1 = bias ? _mm512_maskz_loadu_ps(mask1, bias + n0 + 16) : _mm512_setzero_ps();
+            for (int block = 0; block < blocks; block++) {
+                const uint16_t *xs = padded + (int64_t)block * AMX_ROWS * K;
+                const int rows = M - block * AMX_ROWS < AMX_ROWS ? M - block * AMX_ROWS : AMX_ROWS;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int k = 0; k < K; k += 32) {
+                    if (block == 0)  /* 2 KiB of the next panel per 2 KiB of this one */
+                        for (int line = 0; line < 1024; line += 32)
+                            _mm_prefetch((const char *)(next + k * PANEL + line), _MM_HINT_T1);
+                    _tile_loadd(4, xs + k, K * 2);
+                    _tile_loadd(6, wp + k * PANEL, PANEL * 4);
+                    _tile_loadd(7, wp + k * PANEL + 32, PANEL * 4);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    if (rows > 16) {
+                        _tile_loadd(5, xs + 16 * K + k, K * 2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                _tile_stored(0, &out[0][0], PANEL * 4);
+                _tile_stored(1, &out[0][16], PANEL * 4);
+                if (rows > 16) {
+                    _tile_stored(2, &out[16][0], PANEL * 4);
+                    _tile_stored(3, &out[16][16], PANEL * 4);
+                }
+                for (int r = 0; r < rows; r++) {
+                    uint16_t *row = y + (int64_t)(block * AMX_ROWS + r) * N + n0;
+                    const __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(out[r]), b0);
+                    const __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(out[r] + 16), b1);
+                    _mm256_mask_storeu_epi16(row, mask0, (__m256i)_mm512_cvtneps_pbh(v0));
+                    _mm256_mask_storeu_epi16(row + 16, mask1, (__m256i)_mm512_cvtneps_pbh(v1));
+                }
+            }
+        }
+        _tile_release();
+    }
+    free(padded);
+}
+#else
+int tandem_amx_ready(void) { return 0; }
+
+void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, const float *bias, uint16_t *y,
+                     int M, int N, int K, int num_threads) {
+    (void)w; (void)x; (void)x_stride; (void)bias; (void)y; (void)M; (void)N; (void)K; (void)num_threads;
+}
+#endif
 
 /* Decode attention over the paged cache: one new token per sequence attends its seq_len cached keys.
  * k, v: the cache views, (pages, block_size, Hkv, D) with the given element strides (D contiguous);

@@ -70,6 +70,8 @@ _SIGNATURES = {
     "tandem_panel_gemm": [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 2,
                           *[ctypes.c_int] * 5],
     "tandem_panel_gemm_dtypes": [],
+    "tandem_amx_ready": [],
+    "tandem_amx_gemm": [*[ctypes.c_void_p] * 2, ctypes.c_int64, *[ctypes.c_void_p] * 2, *[ctypes.c_int] * 4],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
                            *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
 }
@@ -97,6 +99,7 @@ def _library() -> ctypes.CDLL | None:
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
     library.tandem_panel_gemm_dtypes.restype = ctypes.c_int
+    library.tandem_amx_ready.restype = ctypes.c_int
     return library
 
 
@@ -380,6 +383,32 @@ def panel_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int
     _library().tandem_panel_gemm(panels.data_ptr(), dtype == torch.bfloat16, source.data_ptr(), source.stride(0),
                                  bias_ptr, y.data_ptr(), dtype == torch.bfloat16, rows, out_features, in_features,
                                  torch.get_num_threads())
+    return y
+
+
+AMX_K_MULTIPLE = 32  # amx_gemm's K: whole tiles of 32 bfloat16 values
+
+
+def amx_ready() -> bool:
+    """amx_gemm runs here: the library was built for a CPU with AMX, and Linux granted this process the AMX
+    state (it asks once)."""
+    library = _library()
+    return library is not None and bool(library.tandem_amx_ready())
+
+
+def amx_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    """panel_gemm for bfloat16 on AMX tiles (same arguments, same result up to summation order); K a
+    multiple of AMX_K_MULTIPLE."""
+    rows, in_features = x.shape
+    assert panels.dtype == torch.bfloat16 and in_features % AMX_K_MULTIPLE == 0 and amx_ready()
+    assert panels.shape == (-(-out_features // PANEL), in_features // 2, PANEL, 2)
+    source = x.to(torch.bfloat16)
+    if source.stride(1) != 1:
+        source = source.contiguous()
+    y = torch.empty(rows, out_features, dtype=torch.bfloat16)
+    (bias_ptr,), _held = _pointers(bias)
+    _library().tandem_amx_gemm(panels.data_ptr(), source.data_ptr(), source.stride(0), bias_ptr, y.data_ptr(), rows,
+                               out_features, in_features, torch.get_num_threads())
     return y
 
 

@@ -17,7 +17,9 @@ A decode batch goes to cpu_native's kernels instead, where the native library bu
 oneDNN. Where the CPU has AVX-512, the panel kernel (`panel_max_rows`): the weights packed once more in
 panels of 32 output features, a block of rows times a panel in registers, the next panel prefetched;
 float32 up to 64 rows (0.65-0.75x oneDNN's time at 32 rows, 0.75-0.86x at 64), bfloat16 (AVX-512 BF16)
-up to 4 rows (0.4-0.85x; oneDNN's AMX GEMM wins from 8 rows; docs/performance.md). On a CPU with AVX2
+up to 4 rows (0.4-0.85x). Past 4 rows vdpbf16ps runs at the float32 rate and oneDNN's AMX GEMM wins, so
+where the CPU has AMX the same panels go to AMX tiles up to 64 rows (`amx_max_rows`; 0.59-0.73x oneDNN's
+time at 32 rows, 0.73-0.95x at 64; docs/performance.md). On a CPU with AVX2
 only (`native_max_rows`), the AVX2 kernels on the weights as stored: up to 4 rows the matrix-vector
 kernel (oneDNN read the weights at about half the machine's bandwidth there), up to SMALL_GEMM_MAX_ROWS
 the small GEMM (dot products, 8 rows at a time: 2x oneDNN at 8 rows, 1.2-1.6x at 32); bfloat16 there is
@@ -57,6 +59,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("panels", cpu_native.pack_panels(weight) if panels else None, persistent=False)
         bias = linear.bias.detach().float() if panels and linear.bias is not None else None
         self.register_buffer("panel_bias", bias, persistent=False)
+        self.amx_max_rows = amx_max_rows(weight.dtype, self.in_features) if panels else 0
         self.native_max_rows = 0 if panels else native_max_rows(weight.dtype)
         native = self.native_max_rows > 0
         self.register_buffer("dense_weight", weight.contiguous() if native else None, persistent=False)
@@ -68,6 +71,9 @@ class PackedLinear(nn.Module):
         rows = flat.shape[0]
         if rows <= self.panel_max_rows:
             y = cpu_native.panel_gemm(flat, self.panels, self.panel_bias, self.out_features)
+            return y.view(*x.shape[:-1], self.out_features)
+        if rows <= self.amx_max_rows:
+            y = cpu_native.amx_gemm(flat, self.panels, self.panel_bias, self.out_features)
             return y.view(*x.shape[:-1], self.out_features)
         if rows <= self.native_max_rows:
             kernel = cpu_native.gemv if rows <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
@@ -116,6 +122,7 @@ def pack_linears(model: nn.Module) -> int:
 
 # Up to how many rows the panel kernel beat oneDNN on the AVX-512 machine with AMX (docs/performance.md).
 PANEL_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 4}
+AMX_MAX_ROWS = 64
 
 
 def panel_max_rows(dtype: torch.dtype) -> int:
@@ -124,6 +131,14 @@ def panel_max_rows(dtype: torch.dtype) -> int:
     if not cpu_native.available() or dtype not in cpu_native.panel_dtypes():
         return 0
     return PANEL_MAX_ROWS[dtype]
+
+
+def amx_max_rows(dtype: torch.dtype, in_features: int) -> int:
+    """Up to how many rows a bfloat16 linear with panels runs on AMX tiles here, past panel_max_rows (0: never,
+    as for float32, a CPU without AMX, or in_features not a whole number of tiles)."""
+    if dtype != torch.bfloat16 or in_features % cpu_native.AMX_K_MULTIPLE or not panel_max_rows(dtype):
+        return 0
+    return AMX_MAX_ROWS if cpu_native.amx_ready() else 0
 
 
 def native_max_rows(dtype: torch.dtype) -> int:

@@ -6,6 +6,7 @@ from torch import nn
 
 from runtime.kernels import cpu_native
 from runtime.layers.linear import (
+    AMX_MAX_ROWS,
     PANEL_MAX_ROWS,
     PackedLinear,
     bfloat16_packs,
@@ -63,7 +64,8 @@ def test_pack_linears_packs_float32_and_bfloat16_and_leaves_others():
 
 def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
     """Where the CPU has AVX-512 the panel kernel takes decode batches: float32 up to 64 rows, bfloat16 (with
-    AVX-512 BF16) up to 4, beyond which oneDNN's AMX GEMM wins. The AVX2 kernels take float32 batches up to
+    AVX-512 BF16) up to 4, and then AMX tiles up to 64 where the CPU has AMX and K is whole tiles of 32 (else
+    oneDNN, whose AMX GEMM wins over vdpbf16ps from 8 rows). The AVX2 kernels take float32 batches up to
     SMALL_GEMM_MAX_ROWS where there is no panel kernel; where oneDNN runs bfloat16 natively they never take
     bfloat16 ones. A linear keeps one second copy of its weights at most."""
     panel_dtypes = cpu_native.panel_dtypes() if cpu_native.available() else ()
@@ -72,8 +74,11 @@ def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
         if dtype in panel_dtypes:
             assert linear.panel_max_rows == PANEL_MAX_ROWS[dtype] and linear.panels is not None
             assert linear.native_max_rows == 0 and linear.dense_weight is None
+            amx = dtype == torch.bfloat16 and cpu_native.amx_ready()
+            assert linear.amx_max_rows == 0  # 16 in_features: AMX takes whole tiles of 32
+            assert PackedLinear(nn.Linear(32, 8).to(dtype)).amx_max_rows == (AMX_MAX_ROWS if amx else 0)
         else:
-            assert linear.panel_max_rows == 0 and linear.panels is None
+            assert linear.panel_max_rows == 0 and linear.panels is None and linear.amx_max_rows == 0
             assert linear.native_max_rows == native_max_rows(dtype)
     if bfloat16_packs():
         assert native_max_rows(torch.bfloat16) == 0
@@ -86,11 +91,12 @@ def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 4, 5, 64, 65])
-def test_every_kernel_a_linear_picks_matches_nn_linear(dtype, rows):
+@pytest.mark.parametrize("in_features", [96, 72])  # whole AMX tiles of k, or not
+def test_every_kernel_a_linear_picks_matches_nn_linear(dtype, rows, in_features):
     """The row counts either side of each kernel's limit, on whatever kernels this CPU picks."""
     torch.manual_seed(rows)
-    reference = nn.Linear(96, 72).to(dtype)
-    x = torch.randn(rows, 96).to(dtype)
+    reference = nn.Linear(in_features, 72).to(dtype)
+    x = torch.randn(rows, in_features).to(dtype)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2.0**-7, atol=1e-2)
     torch.testing.assert_close(PackedLinear(reference)(x), reference(x), **tolerance)
 

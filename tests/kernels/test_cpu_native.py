@@ -229,6 +229,26 @@ def test_panel_gemm_matches_a_float32_matmul(dtype, rows, in_features, out_featu
     torch.testing.assert_close(out.float(), expected, **tolerance)
 
 
+@pytest.mark.parametrize("rows, in_features, out_features, bias", [
+    (1, 32, 53, True),  # one tile of k, a partial last panel
+    (16, 64, 96, False),  # one tile of rows: the second pair of accumulators unused
+    (17, 96, 40, True),  # both tiles of rows, the second holding one
+    (45, 64, 1000, False),  # a block of 32 rows and a partial one, many panels
+])
+def test_amx_gemm_matches_a_float32_matmul(rows, in_features, out_features, bias):
+    """bfloat16 x and weights, x a strided slice, against the float32 product of the same values rounded once."""
+    if not cpu_native.amx_ready():
+        pytest.skip("AMX does not run here (no AMX in the CPU, or Linux did not grant its state)")
+    torch.manual_seed(rows)
+    weight = torch.randn(out_features, in_features).to(torch.bfloat16)
+    x = torch.randn(rows, in_features + 7).to(torch.bfloat16)[:, 3 : 3 + in_features]
+    b = torch.randn(out_features) if bias else None
+    expected = x.float() @ weight.float().T + (b if bias else 0)
+    out = cpu_native.amx_gemm(x, cpu_native.pack_panels(weight), b, out_features)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2.0**-8)
+
+
 def test_gemv_of_no_rows_is_empty():
     """A step whose rows are all mid-prompt samples nothing: the LM head gets zero rows."""
     assert cpu_native.gemv(torch.randn(0, 16), torch.randn(8, 16), None).shape == (0, 8)
@@ -236,3 +256,6 @@ def test_gemv_of_no_rows_is_empty():
     if torch.float32 in cpu_native.panel_dtypes():
         panels = cpu_native.pack_panels(torch.randn(8, 16))
         assert cpu_native.panel_gemm(torch.randn(0, 16), panels, None, 8).shape == (0, 8)
+    if cpu_native.amx_ready():
+        panels = cpu_native.pack_panels(torch.randn(8, 32).to(torch.bfloat16))
+        assert cpu_native.amx_gemm(torch.randn(0, 32), panels, None, 8).shape == (0, 8)
