@@ -30,7 +30,7 @@ from runtime.kernels.causal_conv1d import causal_conv1d_fn_ref, causal_conv1d_up
 from runtime.kernels.common import time_step
 from runtime.kernels.kv_cache import store_kv_ref
 from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
-from runtime.kernels.paged_attention import paged_attention_ref
+from runtime.kernels.paged_attention import paged_attention_bf16_prefill, paged_attention_ref
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
 from runtime.kernels.silu_and_mul import silu_and_mul_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
@@ -441,12 +441,15 @@ def paged_attention_native(
     out: Tensor,
 ) -> Tensor:
     """paged_attention_ref for a step of decodes only, reading each sequence's keys and values in place
-    (same arguments, same result up to summation order); the reference for a step with a prefill
-    chunk, and for caches the kernel cannot address (float16, or a head dim with a stride)."""
+    (same arguments, same result up to summation order); for a step with a prefill chunk,
+    paged_attention_bf16_prefill on a bfloat16 cache and the reference on others, as for caches the
+    kernel cannot address (float16, or a head dim with a stride)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     addressable = (k_cache.dtype in NATIVE_DTYPES and v_cache.dtype == k_cache.dtype
                    and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1)
+    if meta.max_query_len != 1 and k_cache.dtype == v_cache.dtype == torch.bfloat16:
+        return paged_attention_bf16_prefill(q, k_cache, v_cache, block_table, meta, scale, out)
     if meta.max_query_len != 1 or not addressable:
         return paged_attention_ref(q, k_cache, v_cache, block_table, meta, scale, out)
     assert num_tokens == meta.num_sequences and num_q_heads % num_kv_heads == 0 and out.shape == q.shape

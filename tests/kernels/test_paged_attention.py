@@ -14,7 +14,7 @@ import torch
 from runtime.kernels import cpu_native
 from runtime.kernels.kv_cache import store_kv_ref
 from runtime.kernels.metadata import build_attention_metadata
-from runtime.kernels.paged_attention import paged_attention_ref
+from runtime.kernels.paged_attention import paged_attention_bf16_prefill, paged_attention_ref
 
 HKV, HEAD = 2, 16
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 8e-3)}
@@ -22,6 +22,8 @@ TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bf
 BATCHES = {
     "decode": [(1, 1), (1, 17), (1, 40), (1, 600)],
     "mixed": [(1, 33), (7, 7), (1, 1), (12, 45), (30, 560)],
+    # Runs of prefill chunks with one query and sequence length, which the bfloat16 prefill takes in one call.
+    "runs": [(9, 9), (9, 9), (9, 9), (1, 20), (5, 30), (5, 30), (5, 31), (9, 9)],
 }
 
 
@@ -36,7 +38,8 @@ def dense_attention(q, k, v, scale):
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 
-# The native CPU kernel (decode-only steps; it hands anything else to the reference) meets the same oracle.
+# The native CPU kernel (decode-only steps; it hands others to the bfloat16 prefill or the reference) meets
+# the same oracle.
 IMPLEMENTATIONS = {
     "ref": paged_attention_ref,
     "native": pytest.param(cpu_native.paged_attention_native, marks=pytest.mark.skipif(
@@ -53,6 +56,19 @@ IMPLEMENTATIONS = {
 # 12: a head dim the native kernel's 8-wide vector path cannot take (it falls back to a row at a time).
 @pytest.mark.parametrize("head", [HEAD, 12])
 def test_paged_matches_dense(page_pool, batch, block_size, gqa, dtype, attention, head):
+    assert_paged_matches_dense(page_pool, batch, block_size, gqa, dtype, attention, head)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("block_size", [16, 528])
+@pytest.mark.parametrize("gqa", [2, 12])
+@pytest.mark.parametrize("head", [HEAD, 12])
+def test_bfloat16_prefill_matches_dense(page_pool, batch, block_size, gqa, head):
+    """Prefill chunks in bfloat16, runs of one length in one call (bfloat16 caches only)."""
+    assert_paged_matches_dense(page_pool, batch, block_size, gqa, torch.bfloat16, paged_attention_bf16_prefill, head)
+
+
+def assert_paged_matches_dense(page_pool, batch, block_size, gqa, dtype, attention, head):
     torch.manual_seed(0)
     lens = BATCHES[batch]
     blocks = [math.ceil(seq_len / block_size) for _, seq_len in lens]
@@ -122,3 +138,12 @@ def test_token_gather_matches_indexing(page_pool, gap):
     pages = torch.randint(0, num_pages, (5, 9))
     offsets = torch.randint(0, block_size, (5, 9))
     torch.testing.assert_close(pa._gather_tokens(cache, pages, offsets), cache[pages, offsets], atol=0, rtol=0)
+
+
+def test_prefill_runs_take_consecutive_chunks_of_one_length_under_the_gather_budget(monkeypatch):
+    pa = importlib.import_module("runtime.kernels.paged_attention")
+    query_lens, seq_lens = [9, 9, 9, 1, 5, 5, 5, 9], [9, 9, 9, 20, 30, 30, 31, 9]
+    prefills = [0, 1, 2, 4, 5, 6, 7]
+    assert pa._prefill_runs(prefills, query_lens, seq_lens, 1) == [[0, 1, 2], [4, 5], [6], [7]]
+    monkeypatch.setattr(pa, "DECODE_GATHER_ELEMENTS", 2 * 9)
+    assert pa._prefill_runs(prefills, query_lens, seq_lens, 1) == [[0, 1], [2], [4], [5], [6], [7]]
