@@ -346,21 +346,25 @@ static void scan_tile(float *tile, int64_t length, const float *xdt, int64_t x_s
     for (int j = 0; j < SCAN_NB; j++) scan_store(tile + j * SCAN_VW, s[j]);
 }
 
-/* state ([p][n], row-major) to tiles ([p block][n block][n][lane]) and back. */
+/* state ([p][n], row-major) to tiles ([p block][n block][n][lane]) and back, a tile at a time with no
+ * division per element: for a 128-token sequence a per-element index computation cost half as much as
+ * the scan itself. */
 static void to_tiles(const float *state, float *tiles, int head_dim, int d_state) {
-    for (int p = 0; p < head_dim; p++)
-        for (int n = 0; n < d_state; n++) {
-            const int64_t tile = (int64_t)(p / SCAN_VW) * (d_state / SCAN_NB) + n / SCAN_NB;
-            tiles[(tile * SCAN_NB + n % SCAN_NB) * SCAN_VW + p % SCAN_VW] = state[(int64_t)p * d_state + n];
-        }
+    for (int p0 = 0; p0 < head_dim; p0 += SCAN_VW)
+        for (int n0 = 0; n0 < d_state; n0 += SCAN_NB, tiles += SCAN_NB * SCAN_VW)
+            for (int lane = 0; lane < SCAN_VW; lane++) {
+                const float *row = state + (int64_t)(p0 + lane) * d_state + n0;
+                for (int j = 0; j < SCAN_NB; j++) tiles[j * SCAN_VW + lane] = row[j];
+            }
 }
 
 static void from_tiles(const float *tiles, float *state, int head_dim, int d_state) {
-    for (int p = 0; p < head_dim; p++)
-        for (int n = 0; n < d_state; n++) {
-            const int64_t tile = (int64_t)(p / SCAN_VW) * (d_state / SCAN_NB) + n / SCAN_NB;
-            state[(int64_t)p * d_state + n] = tiles[(tile * SCAN_NB + n % SCAN_NB) * SCAN_VW + p % SCAN_VW];
-        }
+    for (int p0 = 0; p0 < head_dim; p0 += SCAN_VW)
+        for (int n0 = 0; n0 < d_state; n0 += SCAN_NB, tiles += SCAN_NB * SCAN_VW)
+            for (int lane = 0; lane < SCAN_VW; lane++) {
+                float *row = state + (int64_t)(p0 + lane) * d_state + n0;
+                for (int j = 0; j < SCAN_NB; j++) row[j] = tiles[j * SCAN_VW + lane];
+            }
 }
 #endif
 
@@ -413,7 +417,8 @@ void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_s
             const float *decay = decays + first * num_heads + head;
 #if SCAN_VW
             if (head_dim % SCAN_VW == 0 && d_state % SCAN_NB == 0) {
-                to_tiles(state, tiles, head_dim, d_state);
+                if (slot >= 0 && resume[seq]) to_tiles(state, tiles, head_dim, d_state);
+                else memset(tiles, 0, (size_t)state_size * sizeof(float));
                 for (int p0 = 0; p0 < head_dim; p0 += SCAN_VW)
                     for (int n0 = 0; n0 < d_state; n0 += SCAN_NB) {
                         float *tile = tiles + ((int64_t)(p0 / SCAN_VW) * (d_state / SCAN_NB) + n0 / SCAN_NB) * SCAN_NB * SCAN_VW;
