@@ -8,7 +8,10 @@ sequence's conv state then SSM state, then padding up to the attention page size
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import math
+import mmap
 
 import torch
 
@@ -31,10 +34,34 @@ def default_cache_bytes(device: torch.device) -> int:
     return CPU_CACHE_BYTES
 
 
+HUGE_PAGE = 2 * 1024**2
+
+
 def allocate_pool(layout: CacheLayout, num_pages: int, device: torch.device) -> torch.Tensor:
     # Zeroed: attention kernels may read (and mask) stale bytes of a partly filled page,
     # and a NaN there would survive a zero softmax weight.
-    return torch.zeros(num_pages, layout.group_size, layout.page_size_bytes, dtype=torch.uint8, device=device)
+    shape = (num_pages, layout.group_size, layout.page_size_bytes)
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=torch.uint8, device=device)
+    return huge_page_zeros(shape)
+
+
+def huge_page_zeros(shape: tuple[int, ...]) -> torch.Tensor:
+    """Zeroed CPU bytes on 2 MiB pages where Linux grants them (transparent huge pages, asked for by
+    madvise): a decode step reads each sequence's keys, values and states from pages scattered over the
+    pool, and on 4 KiB pages most of those reads also missed the TLB. A private anonymous mapping is
+    zero-filled, and the tensor keeps it alive."""
+    size = math.prod(shape)
+    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.zeros(shape, dtype=torch.uint8)
+    region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # The mapping is 4 KiB-aligned; the pool starts at its first 2 MiB boundary.
+    start = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE_PAGE
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE, start, size - size % HUGE_PAGE)
+    except OSError:  # no transparent huge pages here: 4 KiB pages, as torch.zeros gives
+        pass
+    return torch.frombuffer(region, dtype=torch.uint8, count=size, offset=start).view(shape)
 
 
 def attention_views(pool: torch.Tensor, slab: int, spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor]:

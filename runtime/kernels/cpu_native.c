@@ -387,6 +387,7 @@ void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_s
     {
         float *state = (float *)malloc((size_t)state_size * 2 * sizeof(float));
         float *tiles = state + state_size;
+        (void)tiles; /* unused where there is no vector tile (no AVX2) */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < (int64_t)num_seqs * num_heads; item++) {
             const int seq = (int)(item / num_heads), head = (int)(item % num_heads);
@@ -978,8 +979,44 @@ static inline void prefetch_row(const void *cache, int bf16, int64_t offset, int
     for (int line = 0; line < bytes; line += 64) _mm_prefetch(first + line, _MM_HINT_T0);
 }
 
+/* Query heads whose scores one pass over the keys computes: 8 positions x SCORE_HEADS accumulators,
+ * the positions' key chunk loaded (and widened) once for all of them. */
+#if defined(__AVX512F__)
+#define SCORE_HEADS 3 /* 24 accumulators: AVX-512 has 32 registers for them */
+#else
+#define SCORE_HEADS 1
+#endif
+
+/* scores[j * length + pos] = scale * q_j . k_pos for SCORE_HEADS heads (HEADS of them real) at once. */
+static inline __attribute__((always_inline)) void score_block(const void *k, int bf16, const int64_t *offsets,
+                                                               const float *q, int head_dim, float scale,
+                                                               float *scores, int64_t length, const int HEADS) {
+    __m256 acc[SCORE_HEADS][8];
+    for (int j = 0; j < HEADS; j++)
+        for (int p = 0; p < 8; p++) acc[j][p] = _mm256_setzero_ps();
+    for (int d = 0; d < head_dim; d += 8) {
+        if (HEADS == 1) { /* AVX2's 16 registers: the loaded chunks would spill */
+            const __m256 qv = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) acc[0][p] = _mm256_fmadd_ps(qv, load8(k, bf16, offsets[p] + d), acc[0][p]);
+            continue;
+        }
+        __m256 row[8];
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) row[p] = load8(k, bf16, offsets[p] + d);
+        for (int j = 0; j < HEADS; j++) {
+            const __m256 qv = _mm256_loadu_ps(q + (int64_t)j * head_dim + d);
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) acc[j][p] = _mm256_fmadd_ps(qv, row[p], acc[j][p]);
+        }
+    }
+    for (int j = 0; j < HEADS; j++)
+        _mm256_storeu_ps(scores + j * length, _mm256_mul_ps(sum8x8(acc[j]), _mm256_set1_ps(scale)));
+}
+
 /* scores[j * length + pos] = scale * q_j . k_pos for the group's heads, 8 positions at a time: one
- * accumulator per position, summed across lanes together (sum8x8), not one horizontal sum per dot product. */
+ * accumulator per position and head, summed across lanes together (sum8x8), not one horizontal sum per dot
+ * product; each key chunk is loaded once for up to SCORE_HEADS heads. */
 static void attend_scores(const void *k, int bf16, const int64_t *rows, int length, const float *q_group, int group,
                           int head_dim, float scale, float *scores) {
     int pos = 0;
@@ -987,16 +1024,16 @@ static void attend_scores(const void *k, int bf16, const int64_t *rows, int leng
         const int64_t *offsets = rows + pos;
         /* The rows two blocks ahead, scattered over pages: the hardware prefetcher cannot guess them. */
         for (int p = 16; p < 24 && pos + p < length; p++) prefetch_row(k, bf16, offsets[p], head_dim);
-        for (int j = 0; j < group; j++) {
-            const float *qj = q_group + (int64_t)j * head_dim;
-            __m256 acc[8];
-            for (int p = 0; p < 8; p++) acc[p] = _mm256_setzero_ps();
-            for (int d = 0; d < head_dim; d += 8) {
-                const __m256 qv = _mm256_loadu_ps(qj + d);
-#pragma GCC unroll 8
-                for (int p = 0; p < 8; p++) acc[p] = _mm256_fmadd_ps(qv, load8(k, bf16, offsets[p] + d), acc[p]);
+        for (int j = 0; j < group; j += SCORE_HEADS) {
+            const float *q = q_group + (int64_t)j * head_dim;
+            float *out = scores + (int64_t)j * length + pos;
+            switch (group - j < SCORE_HEADS ? group - j : SCORE_HEADS) {
+            case 1: score_block(k, bf16, offsets, q, head_dim, scale, out, length, 1); break;
+#if SCORE_HEADS == 3
+            case 2: score_block(k, bf16, offsets, q, head_dim, scale, out, length, 2); break;
+            default: score_block(k, bf16, offsets, q, head_dim, scale, out, length, 3); break;
+#endif
             }
-            _mm256_storeu_ps(scores + (int64_t)j * length + pos, _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
         }
     }
     for (; pos < length; pos++) {
@@ -1030,6 +1067,7 @@ static void attend_values(const void *v, int bf16, const int64_t *rows, int leng
         }
     }
 }
+
 #endif
 
 /* The same two passes a dot product and a row at a time: head dims that are not a multiple of 8, or no AVX2. */
@@ -1065,9 +1103,9 @@ void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t pag
         const int32_t *pages = block_table + seq * table_stride;
         /* Where each position's key and value rows start: computed once, not once per pass and feature block. */
         int64_t *rows = (int64_t *)malloc((size_t)length * sizeof(int64_t));
-        for (int pos = 0; pos < length; pos++)
-            rows[pos] = pages[pos / block_size] * page_stride + (int64_t)(pos % block_size) * token_stride
-                        + kv_head * head_stride;
+        for (int pos = 0, page = 0; pos < length; page++) /* a page at a time: no division per position */
+            for (int in_page = 0; in_page < block_size && pos < length; in_page++, pos++)
+                rows[pos] = pages[page] * page_stride + (int64_t)in_page * token_stride + kv_head * head_stride;
         float *scores = (float *)malloc((size_t)length * group * sizeof(float));
         const float *q_group = q + ((int64_t)seq * num_q_heads + (int64_t)kv_head * group) * head_dim;
         float *o = out + ((int64_t)seq * num_q_heads + (int64_t)kv_head * group) * head_dim;
