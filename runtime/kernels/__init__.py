@@ -47,6 +47,7 @@ from runtime.kernels.metadata import (
 )
 from runtime.kernels.paged_attention import paged_attention_ref, paged_attention_triton
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref, rms_norm_gated_triton
+from runtime.kernels.rotary import rotary_ref
 from runtime.kernels.selective_scan import (
     selective_scan_ref,
     selective_scan_triton,
@@ -77,6 +78,7 @@ IMPLEMENTATIONS = {
     "selective_state_update": (selective_state_update_ref, selective_state_update_triton),
     "rms_norm_gated": (rms_norm_gated_ref, rms_norm_gated_triton),
     "silu_and_mul": (silu_and_mul_ref, silu_and_mul_triton),
+    "rotary": (rotary_ref, rotary_ref),  # elementwise: torch's ops are the GPU's kernels
     "selective_scan": (selective_scan_ref, selective_scan_triton),
     "selective_state_update_mamba1": (selective_state_update_mamba1_ref, selective_state_update_mamba1_triton),
     "short_conv_fn": (short_conv_fn_ref, short_conv_fn_triton),
@@ -93,6 +95,7 @@ NATIVE = {
     "causal_conv1d_fn": cpu_native.causal_conv1d_fn_native,
     "rms_norm_gated": cpu_native.rms_norm_gated_native,
     "silu_and_mul": cpu_native.silu_and_mul_native,
+    "rotary": cpu_native.rotary_native,
     "paged_attention": cpu_native.paged_attention_native,
     "store_kv": cpu_native.store_kv_native,
 }
@@ -108,6 +111,7 @@ ssd_scan = ssd_scan_ref
 selective_state_update = selective_state_update_ref
 rms_norm_gated = rms_norm_gated_ref
 silu_and_mul = silu_and_mul_ref
+rotary = rotary_ref
 selective_scan = selective_scan_ref
 selective_state_update_mamba1 = selective_state_update_mamba1_ref
 short_conv_fn = short_conv_fn_ref

@@ -529,6 +529,37 @@ void tandem_rms_norm(const void *x, int64_t x_stride, const void *z, int64_t z_s
     }
 }
 
+/* Rotary embedding, rotate-half form, as rotary_ref's torch ops compute it: each product rounded to the dtype,
+ * then their sum, so the bits match. x: (T, H, D) with token and head strides, D contiguous; cos, sin:
+ * (T, R) contiguous; out: (T, H, D) contiguous, the channels past R copied. One token per work item. */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off") /* a fused multiply-add would round once where torch rounds twice */
+void tandem_rotary(const void *x, int64_t token_stride, int64_t head_stride, const void *cos, const void *sin,
+                   void *out, int bf16, int tokens, int heads, int head_dim, int rotary_dim, int num_threads) {
+    const int half = rotary_dim / 2;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if ((int64_t)tokens * heads * head_dim > 16384)
+    for (int64_t t = 0; t < tokens; t++) {
+        float c[rotary_dim], s[rotary_dim], row[head_dim], rotated[head_dim];
+        row_load(cos, bf16, t * rotary_dim, c, rotary_dim);
+        row_load(sin, bf16, t * rotary_dim, s, rotary_dim);
+        for (int h = 0; h < heads; h++) {
+            row_load(x, bf16, t * token_stride + h * head_stride, row, head_dim);
+            for (int i = 0; i < half; i++) {
+                float a = row[i] * c[i], b = -row[i + half] * s[i];
+                float d = row[i + half] * c[i + half], e = row[i] * s[i + half];
+                if (bf16) {
+                    a = bf16_round(a), b = bf16_round(b), d = bf16_round(d), e = bf16_round(e);
+                }
+                rotated[i] = a + b;
+                rotated[i + half] = d + e;
+            }
+            for (int i = rotary_dim; i < head_dim; i++) rotated[i] = row[i];
+            row_store(out, bf16, (t * heads + h) * (int64_t)head_dim, rotated, head_dim);
+        }
+    }
+}
+#pragma GCC pop_options
+
 /* y = x W^T (+ bias) for a few rows of x: the single-sequence decode, where a linear only streams its
  * weights, so reading them at full bandwidth is all that counts. w: (N, K) float32 or bfloat16 (read
  * as is: half the bytes); x: (M, K), y: (M, N) float32; M <= GEMV_MAX_ROWS. Output rows in blocks

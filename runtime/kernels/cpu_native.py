@@ -32,6 +32,7 @@ from runtime.kernels.kv_cache import store_kv_ref
 from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
 from runtime.kernels.paged_attention import paged_attention_bf16_prefill, paged_attention_ref
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
+from runtime.kernels.rotary import rotary_ref
 from runtime.kernels.silu_and_mul import silu_and_mul_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
@@ -73,6 +74,7 @@ _SIGNATURES = {
                         *[ctypes.c_int] * 5],
     "tandem_panel_gemm": [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 2,
                           *[ctypes.c_int] * 5],
+    "tandem_rotary": [ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 6],
     "tandem_panel_gemm_dtypes": [],
     "tandem_amx_ready": [],
     "tandem_amx_gemm": [*[ctypes.c_void_p] * 2, ctypes.c_int64, *[ctypes.c_void_p] * 2, *[ctypes.c_int] * 4],
@@ -312,6 +314,22 @@ def silu_and_mul_native(gate: Tensor, up: Tensor) -> Tensor:
     out = torch.empty(rows, dim, dtype=gate.dtype)
     _library().tandem_silu_and_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(),
                                    gate.dtype == torch.bfloat16, rows, dim, torch.get_num_threads())
+    return out
+
+
+def rotary_native(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """rotary_ref in one pass (same arguments, the same roundings, so the same bits), for float32 or bfloat16
+    x with contiguous head rows and cos, sin of its dtype; the reference for anything else."""
+    tokens, heads, head_dim = x.shape
+    rotary_dim = cos.shape[-1]
+    readable = x.dtype in NATIVE_DTYPES and x.stride(2) == 1 and cos.dtype == sin.dtype == x.dtype
+    if not readable or rotary_dim % 2 or rotary_dim > head_dim or x.device.type != "cpu":
+        return rotary_ref(x, cos, sin)
+    assert cos.shape == sin.shape == (tokens, rotary_dim)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(tokens, heads, head_dim, dtype=x.dtype)
+    _library().tandem_rotary(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+                             x.dtype == torch.bfloat16, tokens, heads, head_dim, rotary_dim, torch.get_num_threads())
     return out
 
 

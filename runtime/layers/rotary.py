@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from runtime import kernels
 from runtime.models.dims import RopeDims
 
 
@@ -47,16 +48,6 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (T, heads, head_dim); cos, sin: (T, rotary_dim). Only the first rotary_dim channels rotate."""
-    rotary_dim = cos.shape[-1]
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    rotated = x[..., :rotary_dim] * cos + _rotate_half(x[..., :rotary_dim]) * sin
-    if rotary_dim == x.shape[-1]:
-        return rotated
-    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+    return kernels.rotary(x, cos, sin)
