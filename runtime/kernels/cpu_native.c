@@ -228,29 +228,39 @@ static inline void row_store(void *pool, int bf16, int64_t offset, const float *
 
 /* Mamba-2 decode. states: the pool, (slot, H, P, N) with (P, N) contiguous inside each head and
  * strides slot_stride, head_stride in elements. slots: (S,), -1 = padding (output zero, no access).
- * x, y: (S, H, P); dt: (S, H) already dt' (softplus, bias and limit applied); A: (H,);
- * B, C: (S, G, N); D: (H, P). One (sequence, head) per iteration: the state is read, decayed,
- * updated, seen through C and written back while it is in the cache. */
+ * x: (S, H, P), dt: (S, H), B, C: (S, G, N), all float32 or all bfloat16 (in_bf16), each with its own
+ * row stride and the rest contiguous (slices of the input projection and the conv output, read where
+ * they lie); dt is raw: dt' = softplus(dt + dt_bias) (clamped to [dt_min, dt_max] if clamp) here, as
+ * time_step. A: (H,); D: (H, P); dt_bias: (H,) or NULL, float32. y: (S, H, P) contiguous, float32 or
+ * bfloat16 (y_bf16). One (sequence, head) per iteration: the state is read, decayed, updated, seen
+ * through C and written back while it is in the cache. */
 void tandem_ssm_state_update(void *states, int bf16, int64_t slot_stride, int64_t head_stride,
                              const int64_t *slots, int num_seqs, int num_heads, int head_dim, int d_state,
-                             int num_groups, const float *x, const float *dt, const float *A, const float *B,
-                             const float *C, const float *D, float *y, int num_threads) {
+                             int num_groups, int in_bf16, const void *x, int64_t x_stride, const void *dt,
+                             int64_t dt_stride, const float *dt_bias, int clamp, float dt_min, float dt_max,
+                             const float *A, const void *B, int64_t b_stride, const void *C, int64_t c_stride,
+                             const float *D, void *y, int y_bf16, int num_threads) {
     const int heads_per_group = num_heads / num_groups;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t item = 0; item < (int64_t)num_seqs * num_heads; item++) {
         const int seq = (int)(item / num_heads), head = (int)(item % num_heads);
         const int group = head / heads_per_group;
-        float *y_head = y + item * head_dim;
+        float y_head[head_dim];
         const int64_t slot = slots[seq];
         if (slot < 0) {
-            memset(y_head, 0, (size_t)head_dim * sizeof(float));
+            memset(y_head, 0, sizeof y_head);
+            row_store(y, y_bf16, item * head_dim, y_head, head_dim);
             continue;
         }
-        const float step = dt[item];
+        float raw, x_head[head_dim], b[d_state], c[d_state];
+        row_load(dt, in_bf16, (int64_t)seq * dt_stride + head, &raw, 1);
+        raw += dt_bias ? dt_bias[head] : 0.0f;
+        float step = raw > 20.0f ? raw : log1pf(expf(raw)); /* softplus, with torch's threshold */
+        if (clamp) step = fminf(fmaxf(step, dt_min), dt_max);
         const float decay = expf(step * A[head]);
-        const float *x_head = x + item * head_dim;
-        const float *b = B + ((int64_t)seq * num_groups + group) * d_state;
-        const float *c = C + ((int64_t)seq * num_groups + group) * d_state;
+        row_load(x, in_bf16, (int64_t)seq * x_stride + (int64_t)head * head_dim, x_head, head_dim);
+        row_load(B, in_bf16, (int64_t)seq * b_stride + (int64_t)group * d_state, b, d_state);
+        row_load(C, in_bf16, (int64_t)seq * c_stride + (int64_t)group * d_state, c, d_state);
         const int64_t base = slot * slot_stride + head * head_stride;
         float scratch[d_state];
         const int64_t elem = bf16 ? 2 : 4;
@@ -271,16 +281,19 @@ void tandem_ssm_state_update(void *states, int bf16, int64_t slot_stride, int64_
             if (bf16) row_store(states, bf16, offset, row, d_state);
             y_head[p] = acc + D[head * head_dim + p] * x_head[p];
         }
+        row_store(y, y_bf16, item * head_dim, y_head, head_dim);
     }
 }
 
 /* Depthwise causal conv, one token per sequence. states: the pool, (slot, W-1, dim) with rows of
- * `dim` contiguous values, slot_stride in elements. x, out: (S, dim); weight: (dim, W); bias: (dim,)
- * or NULL; silu: apply x * sigmoid(x). slots: (S,), -1 = padding (output zero, no access).
+ * `dim` contiguous values, slot_stride in elements. x: (S, dim) float32 or bfloat16 (x_bf16), rows
+ * x_stride apart (a slice of the input projection, read where it lies); out: (S, dim) contiguous, in x's
+ * type; weight: (dim, W) float32; bias: (dim,) or NULL; silu: apply x * sigmoid(x). slots: (S,), -1 =
+ * padding (output zero, no access).
  * The state shifts by one row: its oldest input leaves and x enters. */
 void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64_t *slots, int num_seqs, int dim,
-                        int width, const float *x, const float *weight, const float *bias, int silu, float *out,
-                        int num_threads) {
+                        int width, const void *x, int x_bf16, int64_t x_stride, const float *weight, const float *bias,
+                        int silu, void *out, int num_threads) {
     const int block = 256; /* channels per work item: a few cache lines per state row */
     const int blocks = (dim + block - 1) / block;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
@@ -288,17 +301,17 @@ void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64
         const int seq = (int)(item / blocks);
         const int first = (int)(item % blocks) * block;
         const int count = dim - first < block ? dim - first : block;
-        float *o = out + (int64_t)seq * dim + first;
         const int64_t slot = slots[seq];
+        float o[block];
         if (slot < 0) {
-            memset(o, 0, (size_t)count * sizeof(float));
+            memset(o, 0, sizeof o);
+            row_store(out, x_bf16, (int64_t)seq * dim + first, o, count);
             continue;
         }
-        const float *xs = x + (int64_t)seq * dim + first;
         float window[width][block];
         for (int k = 0; k < width - 1; k++)
             row_load(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k], count);
-        memcpy(window[width - 1], xs, (size_t)count * sizeof(float));
+        row_load(x, x_bf16, (int64_t)seq * x_stride + first, window[width - 1], count);
         for (int d = 0; d < count; d++) {
             const float *w = weight + (int64_t)(first + d) * width;
             float acc = bias ? bias[first + d] : 0.0f;
@@ -306,6 +319,7 @@ void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64
             o[d] = acc;
         }
         if (silu) silu_inplace(o, count); /* vectorised: a scalar expf per channel was most of the step */
+        row_store(out, x_bf16, (int64_t)seq * dim + first, o, count); /* out has x's type */
         for (int k = 0; k < width - 1; k++)
             row_store(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k + 1], count);
     }

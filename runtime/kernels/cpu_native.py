@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from runtime.kernels.causal_conv1d import causal_conv1d_fn_ref, causal_conv1d_update_ref
-from runtime.kernels.common import time_step
+from runtime.kernels.common import NO_DT_LIMIT, time_step
 from runtime.kernels.kv_cache import store_kv_ref
 from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
 from runtime.kernels.paged_attention import paged_attention_bf16_prefill, paged_attention_ref
@@ -53,7 +53,10 @@ SMALL_GEMM_MAX_ROWS = 48
 
 _SIGNATURES = {
     "tandem_ssm_state_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                *[ctypes.c_int] * 5, *[ctypes.c_void_p] * 6, ctypes.c_void_p, ctypes.c_int],
+                                *[ctypes.c_int] * 6, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_float, *[ctypes.c_void_p] * 2,
+                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 2,
+                                *[ctypes.c_int] * 2],
     "tandem_ssm_scan": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3,
                         *[ctypes.c_int] * 5, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, *[ctypes.c_void_p] * 6,
                         ctypes.c_int, ctypes.c_int],
@@ -79,7 +82,8 @@ _SIGNATURES = {
     "tandem_amx_ready": [],
     "tandem_amx_gemm": [*[ctypes.c_void_p] * 2, ctypes.c_int64, *[ctypes.c_void_p] * 2, *[ctypes.c_int] * 4],
     "tandem_conv_update": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 3,
-                           *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int],
+                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, *[ctypes.c_void_p] * 2, ctypes.c_int,
+                           ctypes.c_void_p, ctypes.c_int],
 }
 
 
@@ -177,16 +181,32 @@ def selective_state_update_native(
     num_groups, d_state = B.shape[1:]
     assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and A.shape == (num_heads,)
     assert num_heads % num_groups == 0 and state_indices.shape == (num_seqs,)
-    y = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
+    # x, dt, B and C are read where they lie (slices of the projections, in the model's dtype), dt' is
+    # computed in the kernel, and y is written in out's type: a decode step's launch is a few microseconds.
+    inputs = _rows(x, dt, B, C)
+    y = out if out.dtype in NATIVE_DTYPES and out.is_contiguous() else torch.empty(x.shape, dtype=torch.float32)
     slots = state_indices.to(torch.int64).contiguous()
     per_channel = D.float().reshape(num_heads, -1).expand(num_heads, head_dim)
-    inputs, _held = _pointers(x, time_step(dt, dt_bias, dt_limit), A, B, C, per_channel)
+    (a_ptr, d_ptr, bias_ptr), _held = _pointers(A, per_channel, dt_bias)
+    (x, dt, B, C) = inputs
+    clamp = tuple(dt_limit) != NO_DT_LIMIT
     _library().tandem_ssm_state_update(
         ssm_states.data_ptr(), ssm_states.dtype == torch.bfloat16, ssm_states.stride(0), ssm_states.stride(1),
-        slots.data_ptr(), num_seqs, num_heads, head_dim, d_state, num_groups, *inputs, y.data_ptr(),
+        slots.data_ptr(), num_seqs, num_heads, head_dim, d_state, num_groups, x.dtype == torch.bfloat16,
+        x.data_ptr(), x.stride(0), dt.data_ptr(), dt.stride(0), bias_ptr, clamp, *(dt_limit if clamp else (0, 0)),
+        a_ptr, B.data_ptr(), B.stride(0), C.data_ptr(), C.stride(0), d_ptr, y.data_ptr(), y.dtype == torch.bfloat16,
         torch.get_num_threads(),
     )
-    return out.copy_(y)
+    return out if y is out else out.copy_(y)
+
+
+def _rows(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """The tensors as the kernels read them: one row per token, contiguous within it, all of one float32 or
+    bfloat16 dtype; as they are where they already are (strided slices included), else float32 copies."""
+    dtype = tensors[0].dtype
+    if dtype in NATIVE_DTYPES and all(t.dtype == dtype and t.shape[0] and t[0].is_contiguous() for t in tensors):
+        return tensors
+    return tuple(t.float().contiguous() for t in tensors)
 
 
 def causal_conv1d_update_native(
@@ -205,12 +225,15 @@ def causal_conv1d_update_native(
     width = weight.shape[1]
     assert conv_states.shape[1:] == (width - 1, dim) and state_indices.shape == (num_seqs,)
     assert activation in (None, "silu", "swish")
-    out = torch.empty(num_seqs, dim, dtype=torch.float32)
+    # x is read as it lies (a float32 or bfloat16 slice of the input projection) and out written in its type.
+    source = x if x.dtype in NATIVE_DTYPES and x.stride(1) == 1 else x.float().contiguous()
+    out = torch.empty(num_seqs, dim, dtype=source.dtype)
     slots = state_indices.to(torch.int64).contiguous()
-    inputs, _held = _pointers(x, weight, bias)
+    (weight_ptr, bias_ptr), _held = _pointers(weight, bias)
     _library().tandem_conv_update(
         conv_states.data_ptr(), conv_states.dtype == torch.bfloat16, conv_states.stride(0), slots.data_ptr(),
-        num_seqs, dim, width, *inputs, activation is not None, out.data_ptr(), torch.get_num_threads(),
+        num_seqs, dim, width, source.data_ptr(), source.dtype == torch.bfloat16, source.stride(0), weight_ptr,
+        bias_ptr, activation is not None, out.data_ptr(), torch.get_num_threads(),
     )
     return out.to(x.dtype)
 

@@ -44,9 +44,17 @@ def test_state_update_matches_the_reference(page_pool, dtype, state_dtype, group
     inputs = random_ssm_inputs(len(slots), heads, head_dim, groups, d_state, dtype)
     if per_channel_d:
         inputs["D"] = torch.randn(heads, head_dim, dtype=dtype)
+    # x, dt, B and C as the mixer passes them: slices of one fused row per token, read in place.
+    sizes = [heads * head_dim, heads, groups * d_state, groups * d_state]
+    fused = torch.cat([inputs[name].reshape(len(slots), -1) for name in ("x", "dt", "B", "C")] +
+                      [torch.zeros(len(slots), 3, dtype=dtype)], dim=1)
+    x, dt, B, C, _ = fused.split(sizes + [3], dim=1)
+    inputs.update(x=x.view(-1, heads, head_dim), dt=dt, B=B.view(-1, groups, d_state), C=C.view(-1, groups, d_state))
+    assert inputs["x"].stride(0) == inputs["dt"].stride(0) == sum(sizes) + 3
     pools[0].allow_writes(ours, slots[slots >= 0])
     before = pools[0].snapshot()
-    out, expected = torch.full_like(inputs["x"], float("nan")), torch.empty_like(inputs["x"])
+    out = torch.full(inputs["x"].shape, float("nan"), dtype=dtype)
+    expected = torch.empty(inputs["x"].shape, dtype=dtype)
 
     result = cpu_native.selective_state_update_native(ours, **inputs, dt_limit=dt_limit, state_indices=slots,
                                                       out=out)
@@ -66,7 +74,7 @@ def test_conv_update_matches_the_reference(page_pool, state_dtype, width, dim, b
     torch.manual_seed(width)
     pools, (ours, theirs) = state_views(page_pool, state_dtype, (width - 1, dim), seed=width)
     slots = torch.tensor([5, 1, -1, 4])
-    x = torch.randn(len(slots), dim).to(state_dtype)
+    x = torch.randn(len(slots), dim + 9).to(state_dtype)[:, 4 : 4 + dim]  # a slice, as the mixer passes it
     weight, b = torch.randn(dim, width), (torch.randn(dim) if bias else None)
     pools[0].allow_writes(ours, slots[slots >= 0])
     before = pools[0].snapshot()
