@@ -8,6 +8,7 @@
  */
 
 #define _GNU_SOURCE /* syscall: the AMX permission */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -69,7 +70,10 @@ static void silu_inplace(float *v, int n) {
 #if defined(__AVX512F__)
     for (; i + 16 <= n; i += 16) {
         const __m512 x = _mm512_loadu_ps(v + i);
-        const __m512 denominator = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+        /* exp overflows to infinity below x = -88; capped, its reciprocal is 0 (or tiny) instead of the
+         * NaN that Newton's step makes of infinity times 0. */
+        const __m512 denominator = _mm512_min_ps(
+            _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))), _mm512_set1_ps(FLT_MAX));
         /* x / denominator as x times its reciprocal, refined once (Newton: 14 -> about 24 good bits): a 512-bit
          * division occupies the divider for about 10 cycles, and was most of a prefill conv's time. */
         const __m512 estimate = _mm512_rcp14_ps(denominator);

@@ -43,6 +43,17 @@ def test_native_matches_the_reference(dtype, rows, dim):
         assert (out != expected).float().mean() < 0.01
 
 
+@pytest.mark.skipif(not cpu_native.available(), reason="the native CPU kernels do not build here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_is_finite_where_the_exponential_overflows(dtype):
+    """Gates far below -88 (exp(-x) overflows) and far above: silu is 0 and x there, never NaN."""
+    gate = torch.tensor([[-1e4, -500.0, -100.0, -89.0, -88.0, -20.0, 0.0, 20.0, 88.0, 89.0, 100.0, 1e4] * 4]).to(dtype)
+    up = torch.ones_like(gate)
+    out = cpu_native.silu_and_mul_native(gate, up)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, silu_and_mul_ref(gate, up), atol=1e-30, rtol=1e-6)
+
+
 def test_native_hands_float16_to_the_reference():
     gate, up = halves(3, 16, torch.float16)
     assert torch.equal(cpu_native.silu_and_mul_native(gate, up), silu_and_mul_ref(gate, up))
