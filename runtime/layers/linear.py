@@ -16,14 +16,15 @@ bfloat16, so only the summation order differs.
 A decode batch goes to cpu_native's kernels instead, where the native library builds and where they beat
 oneDNN. Where the CPU has AVX-512, the panel kernel (`panel_max_rows`): the weights packed once more in
 panels of 32 output features, a block of rows times a panel in registers, the next panel prefetched;
-float32 up to 64 rows (0.65-0.75x oneDNN's time at 32 rows, 0.75-0.86x at 64), bfloat16 (AVX-512 BF16)
-up to 4 rows (0.4-0.85x). Past 4 rows vdpbf16ps runs at the float32 rate and oneDNN's AMX GEMM wins, so
-where the CPU has AMX the same panels go to AMX tiles up to 64 rows (`amx_max_rows`; 0.59-0.73x oneDNN's
-time at 32 rows, 0.73-0.95x at 64; docs/performance.md). On a CPU with AVX2
-only (`native_max_rows`), the AVX2 kernels on the weights as stored: up to 4 rows the matrix-vector
-kernel (oneDNN read the weights at about half the machine's bandwidth there), up to SMALL_GEMM_MAX_ROWS
-the small GEMM (dot products, 8 rows at a time: 2x oneDNN at 8 rows, 1.2-1.6x at 32); bfloat16 there is
-widened to float32 as above.
+float32 from 5 to 64 rows (0.65-0.75x oneDNN's time at 32 rows, 0.75-0.86x at 64; up to 4 rows the
+AVX2 matrix-vector kernel below, which streamed the hybrid's weights from memory faster at one row,
+16.5 against 20 ms, and level at 4), bfloat16 (AVX-512 BF16) up to 4 rows (0.4-0.85x). Past 4 rows
+vdpbf16ps runs at the float32 rate and oneDNN's AMX GEMM wins, so where the CPU has AMX the same panels
+go to AMX tiles up to 64 rows (`amx_max_rows`; 0.59-0.73x oneDNN's time at 32 rows, 0.73-0.95x at 64;
+docs/performance.md). On a CPU with AVX2 only (`native_max_rows`), the AVX2 kernels on the weights as
+stored: up to 4 rows the matrix-vector kernel (oneDNN read the weights at about half the machine's
+bandwidth there), up to SMALL_GEMM_MAX_ROWS the small GEMM (dot products, 8 rows at a time: 2x oneDNN
+at 8 rows, 1.2-1.6x at 32); bfloat16 there is widened to float32 as above.
 """
 
 from __future__ import annotations
@@ -52,15 +53,18 @@ class PackedLinear(nn.Module):
                              persistent=False)
         bias = linear.bias.detach().to(gemm_type) if linear.bias is not None else None
         self.register_buffer("bias", bias, persistent=False)
-        # A second copy of the weights for the decode-batch kernels where they pay: packed in panels,
-        # or as stored.
+        # Copies of the weights for the decode-batch kernels where they pay: packed in panels (AVX-512),
+        # and as stored for the matrix-vector kernel (float32 up to 4 rows; and on AVX2-only CPUs).
         self.panel_max_rows = panel_max_rows(weight.dtype)
         panels = self.panel_max_rows > 0
         self.register_buffer("panels", cpu_native.pack_panels(weight) if panels else None, persistent=False)
         bias = linear.bias.detach().float() if panels and linear.bias is not None else None
         self.register_buffer("panel_bias", bias, persistent=False)
         self.amx_max_rows = amx_max_rows(weight.dtype, self.in_features) if panels else 0
-        self.native_max_rows = 0 if panels else native_max_rows(weight.dtype)
+        # Below the panels, the matrix-vector kernel where it reads the weights faster (float32 at one row).
+        self.native_max_rows = native_max_rows(weight.dtype)
+        if panels:
+            self.native_max_rows = min(self.native_max_rows, cpu_native.GEMV_MAX_ROWS)
         native = self.native_max_rows > 0
         self.register_buffer("dense_weight", weight.contiguous() if native else None, persistent=False)
         bias = linear.bias.detach().float() if native and linear.bias is not None else None
@@ -69,15 +73,15 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         rows = flat.shape[0]
+        if rows <= self.native_max_rows:
+            kernel = cpu_native.gemv if rows <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
+            y = kernel(flat, self.dense_weight, self.dense_bias).to(self.dtype)
+            return y.view(*x.shape[:-1], self.out_features)
         if rows <= self.panel_max_rows:
             y = cpu_native.panel_gemm(flat, self.panels, self.panel_bias, self.out_features)
             return y.view(*x.shape[:-1], self.out_features)
         if rows <= self.amx_max_rows:
             y = cpu_native.amx_gemm(flat, self.panels, self.panel_bias, self.out_features)
-            return y.view(*x.shape[:-1], self.out_features)
-        if rows <= self.native_max_rows:
-            kernel = cpu_native.gemv if rows <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
-            y = kernel(flat, self.dense_weight, self.dense_bias).to(self.dtype)
             return y.view(*x.shape[:-1], self.out_features)
         # oneDNN keeps native memory (a primitive, its scratchpad) for every input shape it meets, and
         # the engine's token count changes every step: padded to a bucket, a long-running server meets

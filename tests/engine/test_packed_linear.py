@@ -63,17 +63,18 @@ def test_pack_linears_packs_float32_and_bfloat16_and_leaves_others():
 
 
 def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
-    """Where the CPU has AVX-512 the panel kernel takes decode batches: float32 up to 64 rows, bfloat16 (with
-    AVX-512 BF16) up to 4, and then AMX tiles up to 64 where the CPU has AMX and K is whole tiles of 32 (else
-    oneDNN, whose AMX GEMM wins over vdpbf16ps from 8 rows). The AVX2 kernels take float32 batches up to
-    SMALL_GEMM_MAX_ROWS where there is no panel kernel; where oneDNN runs bfloat16 natively they never take
-    bfloat16 ones. A linear keeps one second copy of its weights at most."""
+    """Where the CPU has AVX-512 the panel kernel takes decode batches: float32 from 5 to 64 rows (the
+    matrix-vector kernel up to 4), bfloat16 (with AVX-512 BF16) up to 4, and then AMX tiles up to 64 where the
+    CPU has AMX and K is whole tiles of 32 (else oneDNN, whose AMX GEMM wins over vdpbf16ps from 8 rows). The
+    AVX2 kernels take float32 batches up to SMALL_GEMM_MAX_ROWS where there is no panel kernel; where oneDNN
+    runs bfloat16 natively they never take bfloat16 ones."""
     panel_dtypes = cpu_native.panel_dtypes() if cpu_native.available() else ()
     for dtype in (torch.float32, torch.bfloat16):
         linear = PackedLinear(nn.Linear(16, 8).to(dtype))
         if dtype in panel_dtypes:
             assert linear.panel_max_rows == PANEL_MAX_ROWS[dtype] and linear.panels is not None
-            assert linear.native_max_rows == 0 and linear.dense_weight is None
+            gemv = cpu_native.GEMV_MAX_ROWS if dtype == torch.float32 else 0
+            assert linear.native_max_rows == gemv and (linear.dense_weight is not None) == bool(gemv)
             amx = dtype == torch.bfloat16 and cpu_native.amx_ready()
             assert linear.amx_max_rows == 0  # 16 in_features: AMX takes whole tiles of 32
             assert PackedLinear(nn.Linear(32, 8).to(dtype)).amx_max_rows == (AMX_MAX_ROWS if amx else 0)
