@@ -955,10 +955,6 @@ void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, con
             const uint16_t *next = wp + (panel + 1 < panels ? panel_size : 0);
             const int64_t n0 = panel * PANEL;
             const int cols = N - n0 < PANEL ? (int)(N - n0) : PANEL;
-            const __mmask16 mask0 = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
-            const __mmask16 mask1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
-            const __m512 b0 = bias ? _mm512_maskz_loadu_ps(mask0, bias + n0) : _mm512_setzero_ps();
-            const __m512 b1 = bias ? _mm512_maskz_loadu_ps(mask1, bias + n0 + 16) : _mm512_setzero_ps();
             for (int block = 0; block < blocks; block++) {
                 const uint16_t *xs = padded + (int64_t)block * AMX_ROWS * K;
                 const int rows = M - block * AMX_ROWS < AMX_ROWS ? M - block * AMX_ROWS : AMX_ROWS;
@@ -987,13 +983,12 @@ void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, con
                     _tile_stored(2, &out[16][0], PANEL * 4);
                     _tile_stored(3, &out[16][16], PANEL * 4);
                 }
+                __m512 acc[AMX_ROWS][2];
                 for (int r = 0; r < rows; r++) {
-                    uint16_t *row = y + (int64_t)(block * AMX_ROWS + r) * N + n0;
-                    const __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(out[r]), b0);
-                    const __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(out[r] + 16), b1);
-                    _mm256_mask_storeu_epi16(row, mask0, (__m256i)_mm512_cvtneps_pbh(v0));
-                    _mm256_mask_storeu_epi16(row + 16, mask1, (__m256i)_mm512_cvtneps_pbh(v1));
+                    acc[r][0] = _mm512_loadu_ps(out[r]);
+                    acc[r][1] = _mm512_loadu_ps(out[r] + 16);
                 }
+                panel_store(y + (int64_t)block * AMX_ROWS * N + n0, N, rows, cols, acc, bias ? bias + n0 : NULL, 1);
             }
         }
         _tile_release();
