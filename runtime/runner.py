@@ -12,6 +12,7 @@ from runtime.cache.layout import CacheLayout
 from runtime.cache.pool import allocate_pool, bind_pool, default_cache_bytes
 from runtime.config import EngineConfig
 from runtime.context import ForwardContext, forward_context
+from runtime.heap import keep_freed_memory
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
 from runtime.layers.linear import pack_linears
 from runtime.loader import build_model
@@ -61,6 +62,8 @@ class ModelRunner:
         self.config = config
         self.layout: CacheLayout = config.cache
         self.device = resolve_device(config.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         if config.derived_threads is not None:  # process-wide, as torch's thread pool is
             torch.set_num_threads(config.derived_threads)
         # Once per engine, before any kernel runs: no kernel call checks its device.
