@@ -1135,6 +1135,124 @@ static void attend_values(const void *v, int bf16, const int64_t *rows, int leng
 
 #endif
 
+#if defined(__AVX512F__)
+/* The AVX-512 passes, for head dims that are whole 16-lane vectors: a key or value row of 64 features is
+ * one or four registers, not eight 8-lane chunks, so each position costs a quarter of the loads and half
+ * the multiply-adds. One Llama layer, 32 sequences of ~170 positions in the engine's page layout, bfloat16:
+ * 0.48 -> 0.33 ms with the cache warm, 0.57 -> 0.45 ms cold (with the score pass on vdpbf16ps below). */
+static inline __m512 load16(const void *base, int bf16, int64_t offset) {
+    if (bf16) {
+        const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + offset));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    }
+    return _mm512_loadu_ps((const float *)base + offset);
+}
+
+/* o_j, features d .. d + 16 NV, for HEADS heads (<= 4) from j0: one pass over the positions, each value
+ * chunk loaded once for all of them, HEADS x NV sums in registers. */
+static inline __attribute__((always_inline)) void values_block16(const void *v, int bf16, const int64_t *rows,
+                                                                 int length, const float *probs, int head_dim,
+                                                                 int d, float *o, const int HEADS, const int NV) {
+    __m512 acc[4][4];
+    for (int j = 0; j < HEADS; j++)
+        for (int i = 0; i < NV; i++) acc[j][i] = _mm512_setzero_ps();
+    for (int pos = 0; pos < length; pos++) {
+        if (d == 0 && pos + ATTEND_AHEAD < length) prefetch_row(v, bf16, rows[pos + ATTEND_AHEAD], head_dim);
+        __m512 row[4];
+        for (int i = 0; i < NV; i++) row[i] = load16(v, bf16, rows[pos] + d + 16 * i);
+        for (int j = 0; j < HEADS; j++) {
+            const __m512 p = _mm512_set1_ps(probs[(int64_t)j * length + pos]);
+            for (int i = 0; i < NV; i++) acc[j][i] = _mm512_fmadd_ps(p, row[i], acc[j][i]);
+        }
+    }
+    for (int j = 0; j < HEADS; j++)
+        for (int i = 0; i < NV; i++) _mm512_storeu_ps(o + (int64_t)j * head_dim + d + 16 * i, acc[j][i]);
+}
+
+#define VALUES_CASE(H, N) values_block16(v, bf16, rows, length, p, head_dim, d, out, H, N)
+#define VALUES_NV(H) \
+    switch (nv) { case 1: VALUES_CASE(H, 1); break; case 2: VALUES_CASE(H, 2); break; \
+                  case 3: VALUES_CASE(H, 3); break; default: VALUES_CASE(H, 4); break; }
+
+/* attend_values on 16-lane vectors; head_dim a multiple of 16. */
+static void attend_values16(const void *v, int bf16, const int64_t *rows, int length, const float *probs, int group,
+                            int head_dim, float *o) {
+    for (int j0 = 0; j0 < group; j0 += 4) {
+        const int heads = group - j0 < 4 ? group - j0 : 4;
+        const float *p = probs + (int64_t)j0 * length;
+        float *out = o + (int64_t)j0 * head_dim;
+        for (int d = 0; d < head_dim; d += 64) {
+            const int nv = (head_dim - d) / 16 < 4 ? (head_dim - d) / 16 : 4;
+            switch (heads) {
+            case 1: VALUES_NV(1); break;
+            case 2: VALUES_NV(2); break;
+            case 3: VALUES_NV(3); break;
+            default: VALUES_NV(4); break;
+            }
+        }
+    }
+}
+#undef VALUES_NV
+#undef VALUES_CASE
+#endif
+
+#if defined(__AVX512BF16__)
+/* The scores of a bfloat16 cache against bfloat16 queries with vdpbf16ps: products of two bfloat16 values
+ * are exact in float32, so this is the float32 dot product up to summation order, 32 features a
+ * instruction. 8 positions x HEADS (<= 3) accumulators; each key row chunk is loaded once for the heads. */
+static inline __attribute__((always_inline)) void score_block_dp(const uint16_t *k, const int64_t *offsets,
+                                                                  const uint16_t *q, int head_dim, float scale,
+                                                                  float *scores, int64_t length, const int HEADS) {
+    __m512 acc[3][8];
+    for (int j = 0; j < HEADS; j++)
+        for (int p = 0; p < 8; p++) acc[j][p] = _mm512_setzero_ps();
+    for (int d = 0; d < head_dim; d += 32) {
+        __m512bh qv[3];
+        for (int j = 0; j < HEADS; j++) qv[j] = (__m512bh)_mm512_loadu_si512(q + (int64_t)j * head_dim + d);
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) {
+            const __m512bh row = (__m512bh)_mm512_loadu_si512(k + offsets[p] + d);
+            for (int j = 0; j < HEADS; j++) acc[j][p] = _mm512_dpbf16_ps(acc[j][p], row, qv[j]);
+        }
+    }
+    for (int j = 0; j < HEADS; j++) {
+        __m256 halves[8];
+        for (int p = 0; p < 8; p++)
+            halves[p] = _mm256_add_ps(_mm512_castps512_ps256(acc[j][p]),
+                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j][p]), 1)));
+        _mm256_storeu_ps(scores + j * length, _mm256_mul_ps(sum8x8(halves), _mm256_set1_ps(scale)));
+    }
+}
+
+/* attend_scores for a bfloat16 cache and queries whose values are bfloat16 (q_bf16: the group's queries
+ * rounded, exactly); head_dim a multiple of 32. */
+static void attend_scores_dp(const uint16_t *k, const int64_t *rows, int length, const uint16_t *q_bf16, int group,
+                             int head_dim, float scale, float *scores) {
+    int pos = 0;
+    for (; pos + 8 <= length; pos += 8) {
+        const int64_t *offsets = rows + pos;
+        for (int p = 16; p < 24 && pos + p < length; p++) prefetch_row(k, 1, offsets[p], head_dim);
+        for (int j = 0; j < group; j += 3) {
+            const uint16_t *q = q_bf16 + (int64_t)j * head_dim;
+            float *out = scores + (int64_t)j * length + pos;
+            switch (group - j < 3 ? group - j : 3) {
+            case 1: score_block_dp(k, offsets, q, head_dim, scale, out, length, 1); break;
+            case 2: score_block_dp(k, offsets, q, head_dim, scale, out, length, 2); break;
+            default: score_block_dp(k, offsets, q, head_dim, scale, out, length, 3); break;
+            }
+        }
+    }
+    for (; pos < length; pos++)
+        for (int j = 0; j < group; j++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int d = 0; d < head_dim; d += 32)
+                acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + rows[pos] + d),
+                                       (__m512bh)_mm512_loadu_si512(q_bf16 + (int64_t)j * head_dim + d));
+            scores[(int64_t)j * length + pos] = _mm512_reduce_add_ps(acc) * scale;
+        }
+}
+#endif
+
 /* The same two passes a dot product and a row at a time: head dims that are not a multiple of 8, or no AVX2. */
 static void attend_item_scalar(const void *k, const void *v, int bf16, const int64_t *rows, int length,
                                const float *q_group, int group, int head_dim, float scale, float *scores, float *o) {
@@ -1159,7 +1277,7 @@ static void attend_item_scalar(const void *k, const void *v, int bf16, const int
 void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t page_stride, int64_t token_stride,
                              int64_t head_stride, int block_size, const int32_t *block_table, int64_t table_stride,
                              const int32_t *seq_lens, int num_seqs, int num_q_heads, int num_kv_heads, int head_dim,
-                             const float *q, float scale, float *out, int num_threads) {
+                             const float *q, int q_bf16, float scale, float *out, int num_threads) {
     const int group = num_q_heads / num_kv_heads;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int64_t item = 0; item < (int64_t)num_seqs * num_kv_heads; item++) {
@@ -1176,9 +1294,25 @@ void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t pag
         float *o = out + ((int64_t)seq * num_q_heads + (int64_t)kv_head * group) * head_dim;
 #if defined(__AVX2__) && defined(__FMA__)
         if (head_dim % 8 == 0) {
-            attend_scores(k, bf16, rows, length, q_group, group, head_dim, scale, scores);
+            int scored = 0;
+#if defined(__AVX512BF16__)
+            if (bf16 && q_bf16 && head_dim % 32 == 0) {
+                uint16_t q_round[group * head_dim]; /* the queries' own values, as bfloat16 */
+                for (int i = 0; i < group * head_dim; i += 32)
+                    _mm512_storeu_si512(q_round + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q_group + i + 16),
+                                                                                   _mm512_loadu_ps(q_group + i)));
+                attend_scores_dp((const uint16_t *)k, rows, length, q_round, group, head_dim, scale, scores);
+                scored = 1;
+            }
+#endif
+            if (!scored) attend_scores(k, bf16, rows, length, q_group, group, head_dim, scale, scores);
             softmax_rows(scores, group, length);
-            attend_values(v, bf16, rows, length, scores, group, head_dim, o);
+#if defined(__AVX512F__)
+            if (head_dim % 16 == 0)
+                attend_values16(v, bf16, rows, length, scores, group, head_dim, o);
+            else
+#endif
+                attend_values(v, bf16, rows, length, scores, group, head_dim, o);
         } else
 #endif
             attend_item_scalar(k, v, bf16, rows, length, q_group, group, head_dim, scale, scores, o);

@@ -69,7 +69,7 @@ _SIGNATURES = {
     "tandem_small_gemm": [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4],
     "tandem_decode_attention": [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, *[ctypes.c_int64] * 3, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int] * 4,
-                                ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int],
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int],
     "tandem_silu_and_mul": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                             *[ctypes.c_int] * 4],
     "tandem_store_kv": [ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 2,
@@ -505,7 +505,8 @@ def paged_attention_native(
     _library().tandem_decode_attention(
         k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, k_cache.stride(0),
         k_cache.stride(1), k_cache.stride(2), k_cache.shape[1], table.data_ptr(), table.stride(0),
-        seq_lens.data_ptr(), num_tokens, num_q_heads, num_kv_heads, head_dim, q_ptr, scale, result.data_ptr(),
+        seq_lens.data_ptr(), num_tokens, num_q_heads, num_kv_heads, head_dim, q_ptr, q.dtype == torch.bfloat16,
+        scale, result.data_ptr(),
         torch.get_num_threads(),
     )
     return out.copy_(result)

@@ -59,6 +59,18 @@ def test_paged_matches_dense(page_pool, batch, block_size, gqa, dtype, attention
     assert_paged_matches_dense(page_pool, batch, block_size, gqa, dtype, attention, head)
 
 
+
+@pytest.mark.skipif(not cpu_native.available(), reason="the native CPU kernels do not build here")
+@pytest.mark.parametrize("batch", ["decode", "mixed"])
+# 1 to 5 query heads per KV head: the AVX-512 passes take them in blocks of 3 (scores) and 4 (values).
+@pytest.mark.parametrize("gqa", [1, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# Whole 16-lane vectors for the AVX-512 value pass (64: four at a time; 96: four, then two); whole 32s for
+# the bfloat16 score pass on vdpbf16ps; 48: the score pass's 8-wide path with the 16-lane value pass.
+@pytest.mark.parametrize("head", [64, 96, 48])
+def test_native_vector_widths_match_dense(page_pool, batch, gqa, dtype, head):
+    assert_paged_matches_dense(page_pool, batch, 16, gqa, dtype, cpu_native.paged_attention_native, head)
+
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("block_size", [16, 528])
 @pytest.mark.parametrize("gqa", [2, 12])
