@@ -1294,6 +1294,9 @@ void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t pag
         float *o = out + ((int64_t)seq * num_q_heads + (int64_t)kv_head * group) * head_dim;
 #if defined(__AVX2__) && defined(__FMA__)
         if (head_dim % 8 == 0) {
+            for (int pos = 0; pos < length; pos++) /* into L2 while the scores are computed */
+                for (int line = 0; line < head_dim * (bf16 ? 2 : 4); line += 64)
+                    _mm_prefetch((const char *)v + (rows[pos] * (bf16 ? 2 : 4) + line), _MM_HINT_T1);
             int scored = 0;
 #if defined(__AVX512BF16__)
             if (bf16 && q_bf16 && head_dim % 32 == 0) {
