@@ -10,7 +10,7 @@ from runtime.layers.rotary import RotaryEmbedding
 from runtime.models.bamba.model import bamba_mixer
 from runtime.models.causal_lm import CausalLM
 from runtime.models.granitemoehybrid.declaration import GraniteMoeHybridDims
-from runtime.models.llama.model import SelfAttention
+from runtime.models.llama.model import SelfAttention, scaled
 
 
 class SharedMLP(nn.Module):
@@ -48,12 +48,12 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         normed = self.input_layernorm(hidden)
         mixed = self.self_attn(normed, cos, sin) if self.is_attention else self.mamba(normed)
-        hidden = hidden + mixed * self.residual_multiplier
+        hidden = hidden + scaled(mixed, self.residual_multiplier)
         normed = self.post_attention_layernorm(hidden)
         ffn = self.shared_mlp(normed)
         if self.block_sparse_moe is not None:
             ffn = self.block_sparse_moe(normed) + ffn
-        return hidden + ffn * self.residual_multiplier
+        return hidden + scaled(ffn, self.residual_multiplier)
 
 
 class GraniteMoeHybridModel(nn.Module):
@@ -71,7 +71,7 @@ class GraniteMoeHybridModel(nn.Module):
             self.rotary = RotaryEmbedding(config.rope)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids) * self.embedding_multiplier
+        hidden = scaled(self.embed_tokens(input_ids), self.embedding_multiplier)
         cos, sin = self.rotary(positions, hidden.dtype) if self.rotary is not None else (None, None)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)
@@ -89,7 +89,8 @@ class GraniteMoeHybridForCausalLM(CausalLM):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return super().compute_logits(hidden) / self.logits_scaling
+        logits = super().compute_logits(hidden)
+        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens

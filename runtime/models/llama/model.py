@@ -48,8 +48,13 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin) * self.residual_multiplier
-        return hidden + self.mlp(self.post_attention_layernorm(hidden)) * self.residual_multiplier
+        hidden = hidden + scaled(self.self_attn(self.input_layernorm(hidden), cos, sin), self.residual_multiplier)
+        return hidden + scaled(self.mlp(self.post_attention_layernorm(hidden)), self.residual_multiplier)
+
+
+def scaled(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """x * factor; Llama's factors are 1 (Granite's are not), and x * 1 is x: a pass over it saved."""
+    return x if factor == 1.0 else x * factor
 
 
 class LlamaModel(nn.Module):
@@ -62,7 +67,7 @@ class LlamaModel(nn.Module):
         self.embedding_multiplier = config.embedding_multiplier
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids) * self.embedding_multiplier
+        hidden = scaled(self.embed_tokens(input_ids), self.embedding_multiplier)
         cos, sin = self.rotary(positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)
@@ -80,7 +85,8 @@ class LlamaForCausalLM(CausalLM):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return super().compute_logits(hidden) / self.logits_scaling
+        logits = super().compute_logits(hidden)
+        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
