@@ -119,8 +119,9 @@ def test_scan_matches_the_chunked_reference(page_pool, dtype, state_dtype, head_
     torch.manual_seed(7)
     heads, groups = 4, 2
     pools, (ours, theirs) = state_views(page_pool, state_dtype, (heads, head_dim, d_state), seed=3)
-    query_lens, computed = [19, 1, 7, 12], [0, 5, 16, 0]
-    slots = torch.tensor([2, 5, -1, 0])
+    # 300: past the native scan's block of tokens (SCAN_TOKENS, 128) twice, and a partial block.
+    query_lens, computed = [19, 1, 7, 12, 300], [0, 5, 16, 0, 3]
+    slots = torch.tensor([2, 5, -1, 0, 1])
     meta = build_mamba_prefill_metadata(query_lens, computed, chunk_size=8, device="cpu")
     inputs = random_ssm_inputs(sum(query_lens), heads, head_dim, groups, d_state, dtype)
     # A strided view in the model's dtype, as the mixer passes a slice of the conv output.
