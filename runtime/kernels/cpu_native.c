@@ -493,55 +493,85 @@ void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_s
     }
 }
 
-/* Depthwise causal conv over packed prefill tokens. x, out: (T, dim) float32; starts: (S+1,); resume:
- * (S,) start from the pool's state (else zeros); slots: (S,), -1 = padding (no read, no write). Each
- * weight_t: (W, dim), the weights transposed. Each sequence's last W-1 inputs (shifting the old state
- * for a sequence shorter than that) become its
- * state. One (sequence, channel block) per work item: it alone reads and writes that part of the state. */
+/* Depthwise causal conv over packed prefill tokens. x: (T, dim) float32 or bfloat16 (x_bf16), rows x_stride
+ * apart; out: (T, dim) contiguous, in x's type; starts: (S+1,); resume: (S,) start from the pool's state
+ * (else zeros); slots: (S,), -1 = padding (no read, no write); weight_t: (W, dim), the weights
+ * transposed. Each sequence's last W-1 inputs (shifting the old state for a sequence shorter than that)
+ * become its state. */
 void tandem_conv_fn(void *states, int bf16, int64_t slot_stride, const int64_t *slots, const int32_t *starts,
                     const uint8_t *resume, int num_seqs, int dim, int width, const void *x, int x_bf16,
                     int64_t x_stride, const float *weight_t, const float *bias, int silu, void *out,
                     int num_threads) {
-    enum { BLOCK = 64 };
-    const int blocks = (dim + BLOCK - 1) / BLOCK;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 4)
-    for (int64_t item = 0; item < (int64_t)num_seqs * blocks; item++) {
-        const int seq = (int)(item / blocks);
-        const int first = (int)(item % blocks) * BLOCK;
-        const int count = dim - first < BLOCK ? dim - first : BLOCK;
-        const int64_t slot = slots[seq], start = starts[seq], length = starts[seq + 1] - starts[seq];
-        float history[width - 1][BLOCK]; /* the W-1 inputs before the sequence's first token */
-        /* The item's inputs in float32, read once from x as it lies (float32 or bfloat16, any row stride). */
-        float *inputs = (float *)malloc((size_t)(length > 0 ? length : 1) * BLOCK * sizeof(float));
-        for (int64_t i = 0; i < length; i++)
-            row_load(x, x_bf16, (start + i) * x_stride + first, inputs + i * BLOCK, count);
-        for (int k = 0; k < width - 1; k++) {
-            if (slot >= 0 && resume[seq])
-                row_load(states, bf16, slot * slot_stride + (int64_t)k * dim + first, history[k], count);
-            else
-                memset(history[k], 0, sizeof history[k]);
-        }
-        for (int64_t i = 0; i < length; i++) {
-            float acc[BLOCK];
-            for (int d = 0; d < count; d++) acc[d] = bias ? bias[first + d] : 0.0f;
-            for (int k = 0; k < width; k++) {
-                const int64_t source = i - (width - 1) + k; /* position in the sequence; < 0: history */
-                const float *in = source >= 0 ? inputs + source * BLOCK : history[width - 1 + source];
-                const float *w = weight_t + (int64_t)k * dim + first;
-                for (int d = 0; d < count; d++) acc[d] += w[d] * in[d];
+    /* Work items are blocks of CONV_TOKENS tokens of one sequence, all channels, CONV_CHANNELS at a time:
+     * each reads whole stretches of its input rows, where an item of one channel block through a whole
+     * sequence read 256 bytes of every row, one 4 KiB page per token (8 x 2,048 tokens of the hybrid,
+     * float32: 4.1 -> 2.6 ms a layer). A block reads the W-1 inputs before it from x, or from the state
+     * for a sequence's first; the states are written after every block has read them. */
+    enum { CONV_TOKENS = 32, CONV_CHANNELS = 256 };
+    int64_t items = 0;
+    for (int seq = 0; seq < num_seqs; seq++) items += (starts[seq + 1] - starts[seq] + CONV_TOKENS - 1) / CONV_TOKENS;
+    int32_t *item_seq = (int32_t *)malloc((size_t)(items > 0 ? items : 1) * sizeof(int32_t));
+    int64_t *item_first = (int64_t *)malloc((size_t)(items > 0 ? items : 1) * sizeof(int64_t));
+    for (int seq = 0, item = 0; seq < num_seqs; seq++)
+        for (int64_t t = 0; t < starts[seq + 1] - starts[seq]; t += CONV_TOKENS, item++)
+            item_seq[item] = seq, item_first[item] = t;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; item++) {
+            const int seq = item_seq[item];
+            const int64_t t0 = item_first[item], slot = slots[seq], start = starts[seq];
+            const int64_t length = starts[seq + 1] - start;
+            const int count = length - t0 < CONV_TOKENS ? (int)(length - t0) : CONV_TOKENS;
+            for (int c0 = 0; c0 < dim; c0 += CONV_CHANNELS) {
+                const int n = dim - c0 < CONV_CHANNELS ? dim - c0 : CONV_CHANNELS;
+                float in[CONV_TOKENS + width - 1][CONV_CHANNELS]; /* inputs t0 - (W-1) .. t0 + count - 1 */
+                for (int r = 0; r < count + width - 1; r++) {
+                    const int64_t position = t0 - (width - 1) + r; /* < 0: the state's row W-1+position */
+                    if (position >= 0)
+                        row_load(x, x_bf16, (start + position) * x_stride + c0, in[r], n);
+                    else if (slot >= 0 && resume[seq])
+                        row_load(states, bf16, slot * slot_stride + (width - 1 + position) * dim + c0, in[r], n);
+                    else
+                        memset(in[r], 0, (size_t)n * sizeof(float));
+                }
+                for (int i = 0; i < count; i++) {
+                    float acc[CONV_CHANNELS];
+                    for (int d = 0; d < n; d++) acc[d] = bias ? bias[c0 + d] : 0.0f;
+                    for (int k = 0; k < width; k++) {
+                        const float *w = weight_t + (int64_t)k * dim + c0, *row = in[i + k];
+                        for (int d = 0; d < n; d++) acc[d] += w[d] * row[d];
+                    }
+                    if (silu) silu_inplace(acc, n);
+                    row_store(out, x_bf16, (start + t0 + i) * dim + c0, acc, n); /* out has x's type */
+                }
             }
-            if (silu) silu_inplace(acc, count);
-            row_store(out, x_bf16, (start + i) * dim + first, acc, count); /* out has x's type */
         }
-        if (slot >= 0) {
-            for (int j = 0; j < width - 1; j++) { /* row j of the new state: input length + j of [history, tokens] */
-                const int64_t source = length + j - (width - 1);
-                const float *in = source >= 0 ? inputs + source * BLOCK : history[width - 1 + source];
-                row_store(states, bf16, slot * slot_stride + (int64_t)j * dim + first, in, count);
+        /* Each sequence's last W-1 inputs become its state (shifting the old one for a sequence shorter
+         * than that); all rows are read before any is written. */
+#pragma omp for schedule(static)
+        for (int seq = 0; seq < num_seqs; seq++) {
+            const int64_t slot = slots[seq], start = starts[seq], length = starts[seq + 1] - start;
+            if (slot < 0) continue;
+            for (int c0 = 0; c0 < dim; c0 += CONV_CHANNELS) {
+                const int n = dim - c0 < CONV_CHANNELS ? dim - c0 : CONV_CHANNELS;
+                float kept[width - 1][CONV_CHANNELS];
+                for (int j = 0; j < width - 1; j++) {
+                    const int64_t position = length + j - (width - 1);
+                    if (position >= 0)
+                        row_load(x, x_bf16, (start + position) * x_stride + c0, kept[j], n);
+                    else if (resume[seq])
+                        row_load(states, bf16, slot * slot_stride + (width - 1 + position) * dim + c0, kept[j], n);
+                    else
+                        memset(kept[j], 0, (size_t)n * sizeof(float));
+                }
+                for (int j = 0; j < width - 1; j++)
+                    row_store(states, bf16, slot * slot_stride + (int64_t)j * dim + c0, kept[j], n);
             }
         }
-        free(inputs);
     }
+    free(item_seq);
+    free(item_first);
 }
 
 /* Gated RMSNorm (HF's MambaRMSNormGated; with no gate and one group, LlamaRMSNorm): h = x * silu(z) in

@@ -145,12 +145,13 @@ def test_scan_matches_the_chunked_reference(page_pool, dtype, state_dtype, head_
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 def test_prefill_conv_matches_the_reference(page_pool, state_dtype):
-    """Fresh and resumed sequences, one shorter than the conv's history (its state shifts), and a padding slot."""
+    """Fresh and resumed sequences, one shorter than the conv's history (its state shifts), and a padding slot;
+    one over several of the kernel's blocks of tokens (32), in two passes of channels (256 at a time)."""
     torch.manual_seed(11)
-    width, dim = 4, 150
+    width, dim = 4, 300
     pools, (ours, theirs) = state_views(page_pool, state_dtype, (width - 1, dim), seed=5)
-    query_lens, computed = [9, 2, 5, 1], [0, 7, 0, 3]
-    slots = torch.tensor([4, 0, -1, 6])
+    query_lens, computed = [9, 2, 5, 1, 70], [0, 7, 0, 3, 4]
+    slots = torch.tensor([4, 0, -1, 6, 2])
     meta = build_mamba_prefill_metadata(query_lens, computed, chunk_size=4, device="cpu")
     # A strided view in the model's dtype, as the mixer passes a slice of its input projection.
     x = torch.randn(sum(query_lens), dim + 10).to(state_dtype)[:, 3 : 3 + dim]
