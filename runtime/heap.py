@@ -4,12 +4,13 @@ A prefill step allocates and frees tens of megabytes of activations per layer (a
 gate and up projections are 8 MiB each in bfloat16). glibc serves every block above its mmap threshold
 (128 KiB, raised only when such a block is freed) with a fresh mapping and unmaps it on free, and trims
 the heap's free top above 128 KiB: so every step faults in and zeroes its activations' pages again. On
-the AVX-512 machine that was a third of a Llama bfloat16 prefill (787 -> 508 ms a 32 x 128 batch; the
-GEMMs and silu_and_mul wrote into pages the kernel had to fault in first). vLLM's CPU docs preload
+the AVX-512 machine that was almost half of a Llama bfloat16 prefill (858 -> 471 ms a 32 x 128 batch:
+the GEMMs and silu_and_mul wrote into pages the kernel had to fault in first). vLLM's CPU docs preload
 TCMalloc for the same reason; a Python process cannot swap its allocator, but it can tell glibc's to
 keep blocks up to the largest threshold it accepts (32 MiB on 64-bit) in the heap, and freed memory up
 to TRIM_THRESHOLD there. Peak memory is unchanged (the heap holds what the step used at its peak);
-what changes is that an idle engine keeps it, as it keeps its page pool.
+what changes is that an idle engine keeps it, as it keeps its page pool (the server hands it back when
+it goes idle: runtime/server/memory.py).
 """
 
 from __future__ import annotations
@@ -33,28 +34,27 @@ TRIM_THRESHOLD = 1 * 2**30
 @functools.cache
 def keep_freed_memory() -> bool:
     """Once per process: set glibc's thresholds (True), or leave them (False: not glibc, or ENV_VAR=0)."""
-    if os.environ.get(ENV_VAR, "").strip() == "0":
-        return False
-    mallopt = _glibc_mallopt()
-    if mallopt is None:
+    libc = glibc()
+    if os.environ.get(ENV_VAR, "").strip() == "0" or libc is None:
         return False
     # Both, or neither: setting either one alone turns glibc's own threshold raising off.
-    if not mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
+    if not libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
         return False
-    ok = bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    ok = bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     logger.debug("glibc malloc: blocks up to %d MiB from the heap, trimmed past %d MiB (%s)",
                  MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20, "set" if ok else "trim refused")
     return ok
 
 
-def _glibc_mallopt():
+@functools.cache
+def glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc, whose mallopt parameters these are (None for musl, macOS)."""
     name = ctypes.util.find_library("c")
-    if name is None:
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
         return None
-    libc = ctypes.CDLL(name)
-    # musl and macOS have no mallopt; gnu_get_libc_version marks glibc, whose thresholds these are.
-    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+    if libc is None or not all(hasattr(libc, f) for f in ("mallopt", "malloc_trim", "gnu_get_libc_version")):
         return None
-    mallopt = libc.mallopt
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return libc

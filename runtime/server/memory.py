@@ -7,10 +7,10 @@ object leaked. Two arenas (MALLOC_ARENA_MAX=2) level it off, and malloc_trim han
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
+
+from runtime.heap import glibc
 
 logger = logging.getLogger("tandem")
 
@@ -18,16 +18,7 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter number
 DEFAULT_ARENA_MAX = 2
 
 
-def _libc():
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-
-
-LIBC = _libc()
+LIBC = glibc()
 
 
 def limit_arenas() -> None:

@@ -38,7 +38,7 @@ def second_step(env_value: str | None) -> tuple[bool, int]:
     return tuned == "True", int(faults)
 
 
-@pytest.mark.skipif(heap._glibc_mallopt() is None, reason="not glibc: the C allocator's settings are left alone")
+@pytest.mark.skipif(heap.glibc() is None, reason="not glibc: the C allocator's settings are left alone")
 def test_the_next_step_reuses_the_pages_of_the_last():
     pages = 12 * 2**20 // os.sysconf("SC_PAGE_SIZE")
     tuned, faults = second_step(None)
