@@ -493,6 +493,20 @@ void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_s
     }
 }
 
+/* n channels of a sequence's conv input at `position` into row: x's row there (x_first: the sequence's
+ * first row, at the block's first channel), or before the sequence (position < 0) the state's row
+ * W-1+position (state_first: the slot's first row, at that channel) when resuming, else zeros. */
+static inline void conv_input(float *row, int64_t position, const void *x, int x_bf16, int64_t x_first,
+                              int64_t x_stride, const void *states, int bf16, int resuming, int64_t state_first,
+                              int dim, int width, int n) {
+    if (position >= 0)
+        row_load(x, x_bf16, x_first + position * x_stride, row, n);
+    else if (resuming)
+        row_load(states, bf16, state_first + (width - 1 + position) * dim, row, n);
+    else
+        memset(row, 0, (size_t)n * sizeof(float));
+}
+
 /* Depthwise causal conv over packed prefill tokens. x: (T, dim) float32 or bfloat16 (x_bf16), rows x_stride
  * apart; out: (T, dim) contiguous, in x's type; starts: (S+1,); resume: (S,) start from the pool's state
  * (else zeros); slots: (S,), -1 = padding (no read, no write); weight_t: (W, dim), the weights
@@ -526,15 +540,9 @@ void tandem_conv_fn(void *states, int bf16, int64_t slot_stride, const int64_t *
             for (int c0 = 0; c0 < dim; c0 += CONV_CHANNELS) {
                 const int n = dim - c0 < CONV_CHANNELS ? dim - c0 : CONV_CHANNELS;
                 float in[CONV_TOKENS + width - 1][CONV_CHANNELS]; /* inputs t0 - (W-1) .. t0 + count - 1 */
-                for (int r = 0; r < count + width - 1; r++) {
-                    const int64_t position = t0 - (width - 1) + r; /* < 0: the state's row W-1+position */
-                    if (position >= 0)
-                        row_load(x, x_bf16, (start + position) * x_stride + c0, in[r], n);
-                    else if (slot >= 0 && resume[seq])
-                        row_load(states, bf16, slot * slot_stride + (width - 1 + position) * dim + c0, in[r], n);
-                    else
-                        memset(in[r], 0, (size_t)n * sizeof(float));
-                }
+                for (int r = 0; r < count + width - 1; r++)
+                    conv_input(in[r], t0 - (width - 1) + r, x, x_bf16, start * x_stride + c0, x_stride, states,
+                               bf16, slot >= 0 && resume[seq], slot * slot_stride + c0, dim, width, n);
                 for (int i = 0; i < count; i++) {
                     float acc[CONV_CHANNELS];
                     for (int d = 0; d < n; d++) acc[d] = bias ? bias[c0 + d] : 0.0f;
@@ -556,15 +564,9 @@ void tandem_conv_fn(void *states, int bf16, int64_t slot_stride, const int64_t *
             for (int c0 = 0; c0 < dim; c0 += CONV_CHANNELS) {
                 const int n = dim - c0 < CONV_CHANNELS ? dim - c0 : CONV_CHANNELS;
                 float kept[width - 1][CONV_CHANNELS];
-                for (int j = 0; j < width - 1; j++) {
-                    const int64_t position = length + j - (width - 1);
-                    if (position >= 0)
-                        row_load(x, x_bf16, (start + position) * x_stride + c0, kept[j], n);
-                    else if (resume[seq])
-                        row_load(states, bf16, slot * slot_stride + (width - 1 + position) * dim + c0, kept[j], n);
-                    else
-                        memset(kept[j], 0, (size_t)n * sizeof(float));
-                }
+                for (int j = 0; j < width - 1; j++)
+                    conv_input(kept[j], length + j - (width - 1), x, x_bf16, start * x_stride + c0, x_stride,
+                               states, bf16, resume[seq], slot * slot_stride + c0, dim, width, n);
                 for (int j = 0; j < width - 1; j++)
                     row_store(states, bf16, slot * slot_stride + (int64_t)j * dim + c0, kept[j], n);
             }
@@ -1079,10 +1081,16 @@ static void softmax_rows(float *scores, int rows, int length) {
 #if defined(__AVX2__) && defined(__FMA__)
 #define ATTEND_AHEAD 16 /* positions ahead that the values pass prefetches */
 
-static inline void prefetch_row(const void *cache, int bf16, int64_t offset, int head_dim) {
+/* One key or value row into L1 (or, to_l2, into L2 only). */
+static inline void prefetch_row(const void *cache, int bf16, int64_t offset, int head_dim, int to_l2) {
     const char *first = (const char *)cache + offset * (bf16 ? 2 : 4);
     const int bytes = head_dim * (bf16 ? 2 : 4);
-    for (int line = 0; line < bytes; line += 64) _mm_prefetch(first + line, _MM_HINT_T0);
+    for (int line = 0; line < bytes; line += 64) {
+        if (to_l2)
+            _mm_prefetch(first + line, _MM_HINT_T1);
+        else
+            _mm_prefetch(first + line, _MM_HINT_T0);
+    }
 }
 
 /* Query heads whose scores one pass over the keys computes: 8 positions x SCORE_HEADS accumulators,
@@ -1129,7 +1137,7 @@ static void attend_scores(const void *k, int bf16, const int64_t *rows, int leng
     for (; pos + 8 <= length; pos += 8) {
         const int64_t *offsets = rows + pos;
         /* The rows two blocks ahead, scattered over pages: the hardware prefetcher cannot guess them. */
-        for (int p = 16; p < 24 && pos + p < length; p++) prefetch_row(k, bf16, offsets[p], head_dim);
+        for (int p = 16; p < 24 && pos + p < length; p++) prefetch_row(k, bf16, offsets[p], head_dim, 0);
         for (int j = 0; j < group; j += SCORE_HEADS) {
             const float *q = q_group + (int64_t)j * head_dim;
             float *out = scores + (int64_t)j * length + pos;
@@ -1164,7 +1172,7 @@ static void attend_values(const void *v, int bf16, const int64_t *rows, int leng
             __m256 acc[ATTEND_HEADS];
             for (int j = 0; j < heads; j++) acc[j] = _mm256_setzero_ps();
             for (int pos = 0; pos < length; pos++) {
-                if (d == 0 && pos + ATTEND_AHEAD < length) prefetch_row(v, bf16, rows[pos + ATTEND_AHEAD], head_dim);
+                if (d == 0 && pos + ATTEND_AHEAD < length) prefetch_row(v, bf16, rows[pos + ATTEND_AHEAD], head_dim, 0);
                 const __m256 row = load8(v, bf16, rows[pos] + d);
                 for (int j = 0; j < heads; j++)
                     acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(probs[(int64_t)(j0 + j) * length + pos]), row, acc[j]);
@@ -1198,7 +1206,7 @@ static inline __attribute__((always_inline)) void values_block16(const void *v, 
     for (int j = 0; j < HEADS; j++)
         for (int i = 0; i < NV; i++) acc[j][i] = _mm512_setzero_ps();
     for (int pos = 0; pos < length; pos++) {
-        if (d == 0 && pos + ATTEND_AHEAD < length) prefetch_row(v, bf16, rows[pos + ATTEND_AHEAD], head_dim);
+        if (d == 0 && pos + ATTEND_AHEAD < length) prefetch_row(v, bf16, rows[pos + ATTEND_AHEAD], head_dim, 0);
         __m512 row[4];
         for (int i = 0; i < NV; i++) row[i] = load16(v, bf16, rows[pos] + d + 16 * i);
         for (int j = 0; j < HEADS; j++) {
@@ -1272,7 +1280,7 @@ static void attend_scores_dp(const uint16_t *k, const int64_t *rows, int length,
     int pos = 0;
     for (; pos + 8 <= length; pos += 8) {
         const int64_t *offsets = rows + pos;
-        for (int p = 16; p < 24 && pos + p < length; p++) prefetch_row(k, 1, offsets[p], head_dim);
+        for (int p = 16; p < 24 && pos + p < length; p++) prefetch_row(k, 1, offsets[p], head_dim, 0);
         for (int j = 0; j < group; j += 3) {
             const uint16_t *q = q_bf16 + (int64_t)j * head_dim;
             float *out = scores + (int64_t)j * length + pos;
@@ -1293,6 +1301,25 @@ static void attend_scores_dp(const uint16_t *k, const int64_t *rows, int length,
         }
 }
 #endif
+
+/* attend_scores on vdpbf16ps where it can run (a bfloat16 cache, queries whose values are bfloat16, head_dim
+ * a multiple of 32): returns 1 if it did, 0 to leave the scores to attend_scores. */
+static int attend_scores_bf16(const void *k, int bf16, int q_bf16, const int64_t *rows, int length,
+                              const float *q_group, int group, int head_dim, float scale, float *scores) {
+#if defined(__AVX512BF16__)
+    if (bf16 && q_bf16 && head_dim % 32 == 0) {
+        uint16_t q_round[group * head_dim]; /* the queries' own values, as bfloat16 */
+        for (int i = 0; i < group * head_dim; i += 32)
+            _mm512_storeu_si512(q_round + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q_group + i + 16),
+                                                                           _mm512_loadu_ps(q_group + i)));
+        attend_scores_dp((const uint16_t *)k, rows, length, q_round, group, head_dim, scale, scores);
+        return 1;
+    }
+#endif
+    (void)k; (void)bf16; (void)q_bf16; (void)rows; (void)length; (void)q_group; (void)group; (void)head_dim;
+    (void)scale; (void)scores;
+    return 0;
+}
 
 /* The same two passes a dot product and a row at a time: head dims that are not a multiple of 8, or no AVX2. */
 static void attend_item_scalar(const void *k, const void *v, int bf16, const int64_t *rows, int length,
@@ -1337,21 +1364,9 @@ void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t pag
         if (head_dim % 8 == 0) {
             /* The first value rows into L2 while the scores are computed (the values pass prefetches the
              * rest as it goes; all of a long sequence's at once was slower: 2,100 positions 1.5 -> 1.8 ms). */
-            for (int pos = 0; pos < length && pos < VALUES_PREFETCH; pos++)
-                for (int line = 0; line < head_dim * (bf16 ? 2 : 4); line += 64)
-                    _mm_prefetch((const char *)v + (rows[pos] * (bf16 ? 2 : 4) + line), _MM_HINT_T1);
-            int scored = 0;
-#if defined(__AVX512BF16__)
-            if (bf16 && q_bf16 && head_dim % 32 == 0) {
-                uint16_t q_round[group * head_dim]; /* the queries' own values, as bfloat16 */
-                for (int i = 0; i < group * head_dim; i += 32)
-                    _mm512_storeu_si512(q_round + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q_group + i + 16),
-                                                                                   _mm512_loadu_ps(q_group + i)));
-                attend_scores_dp((const uint16_t *)k, rows, length, q_round, group, head_dim, scale, scores);
-                scored = 1;
-            }
-#endif
-            if (!scored) attend_scores(k, bf16, rows, length, q_group, group, head_dim, scale, scores);
+            for (int pos = 0; pos < length && pos < VALUES_PREFETCH; pos++) prefetch_row(v, bf16, rows[pos], head_dim, 1);
+            if (!attend_scores_bf16(k, bf16, q_bf16, rows, length, q_group, group, head_dim, scale, scores))
+                attend_scores(k, bf16, rows, length, q_group, group, head_dim, scale, scores);
             softmax_rows(scores, group, length);
 #if defined(__AVX512F__)
             if (head_dim % 16 == 0)
