@@ -99,6 +99,9 @@ class EngineConfig:
     kernel_backend: str = field(default="auto", metadata=option(
         "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
         "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))
+    enforce_eager: bool = field(default=False, metadata=option(
+        "run every step through the model's Python, as vLLM's flag does: no captured decode steps on the CPU "
+        "(see docs/performance.md)"))
     # As vLLM: a request asking for more top log-probabilities per token than this is refused.
     max_logprobs: int = field(default=20, metadata=option(
         "top log-probabilities per token a request may ask for at most", metavar="N"))

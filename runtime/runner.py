@@ -12,7 +12,9 @@ from runtime.cache.layout import CacheLayout
 from runtime.cache.pool import allocate_pool, bind_pool, default_cache_bytes
 from runtime.config import EngineConfig
 from runtime.context import ForwardContext, forward_context
+from runtime.decode_graph import DecodeGraphs
 from runtime.heap import keep_freed_memory
+from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
 from runtime.layers.linear import pack_linears
 from runtime.loader import build_model
@@ -78,8 +80,15 @@ class ModelRunner:
         bind_pool(self.model, self.pool, self.layout)
         # Mamba-1 has no chunked scan; its prefill metadata still wants a chunk length.
         self.chunk_size = config.declaration.mamba_chunk_size(config.hf_config) or MAMBA1_CHUNK
+        self.graphs = DecodeGraphs(self) if self._captures_decodes() else None
         logger.info("page pool: %d pages of %d B x %d layers (%.1f MiB)", self.num_pages,
                     self.layout.page_size_bytes, self.layout.group_size, self.pool.numel() / 2**20)
+
+    def _captures_decodes(self) -> bool:
+        """Decode steps are captured where every kernel is a native one (a CPU with the library built) and
+        the model lives in this process alone."""
+        cpu_native_kernels = self.device.type == "cpu" and self.kernel_backend == "torch" and cpu_native.available()
+        return cpu_native_kernels and not self.config.enforce_eager and self.config.tensor_parallel_size == 1
 
     def _num_pages(self) -> int:
         if self.config.num_pages is not None:
@@ -126,6 +135,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_plan(self, plan: StepPlan) -> torch.Tensor:
         """Logits of the sampled rows, then of each prompt chunk in `plan.prompt_rows`."""
+        if self.graphs is not None:
+            logits = self.graphs.run(plan)
+            if logits is not None:
+                return logits
         step = self.inputs(plan, [])
         with forward_context(step.context):
             hidden = self.model(step.input_ids, step.positions)

@@ -13,6 +13,7 @@ False and the engine keeps the references. The launchers have the references' si
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -130,6 +132,42 @@ def _build(compiler: str) -> Path:
     return target
 
 
+_recording: list | None = None  # the program of the decode step being captured (runtime/decode_graph.py)
+
+
+@contextlib.contextmanager
+def recording(program: list) -> Iterator[None]:
+    """Append every kernel launch made inside to `program`, as a call that repeats it with the same arguments."""
+    global _recording
+    assert _recording is None, "captures do not nest"
+    _recording = program
+    try:
+        yield
+    finally:
+        _recording = None
+
+
+def _kernels() -> ctypes.CDLL | _Recorded:
+    """The library, through which the launchers call their kernels; while a step is captured, a view of it
+    that records each call too."""
+    library = _library()
+    return library if _recording is None else _Recorded(library, _recording)
+
+
+class _Recorded:
+    def __init__(self, library: ctypes.CDLL, program: list):
+        self._library, self._program = library, program
+
+    def __getattr__(self, name: str):
+        kernel = getattr(self._library, name)
+
+        def launch(*args):
+            kernel(*args)
+            self._program.append(functools.partial(kernel, *args))
+
+        return launch
+
+
 def _pointers(*tensors: Tensor | None) -> tuple[list[int | None], list[Tensor | None]]:
     """Data pointers of contiguous float32 copies (or the tensors themselves where they already are);
     the copies are returned too, and must outlive the call."""
@@ -190,7 +228,7 @@ def selective_state_update_native(
     (a_ptr, d_ptr, bias_ptr), _held = _pointers(A, per_channel, dt_bias)
     (x, dt, B, C) = inputs
     clamp = tuple(dt_limit) != NO_DT_LIMIT
-    _library().tandem_ssm_state_update(
+    _kernels().tandem_ssm_state_update(
         ssm_states.data_ptr(), ssm_states.dtype == torch.bfloat16, ssm_states.stride(0), ssm_states.stride(1),
         slots.data_ptr(), num_seqs, num_heads, head_dim, d_state, num_groups, x.dtype == torch.bfloat16,
         x.data_ptr(), x.stride(0), dt.data_ptr(), dt.stride(0), bias_ptr, clamp, *(dt_limit if clamp else (0, 0)),
@@ -230,7 +268,7 @@ def causal_conv1d_update_native(
     out = torch.empty(num_seqs, dim, dtype=source.dtype)
     slots = state_indices.to(torch.int64).contiguous()
     (weight_ptr, bias_ptr), _held = _pointers(weight, bias)
-    _library().tandem_conv_update(
+    _kernels().tandem_conv_update(
         conv_states.data_ptr(), conv_states.dtype == torch.bfloat16, conv_states.stride(0), slots.data_ptr(),
         num_seqs, dim, width, source.data_ptr(), source.dtype == torch.bfloat16, source.stride(0), weight_ptr,
         bias_ptr, activation is not None, out.data_ptr(), torch.get_num_threads(),
@@ -269,7 +307,7 @@ def ssd_scan_native(
     per_channel = D.float().reshape(num_heads, -1).expand(num_heads, head_dim)
     step = time_step(dt, dt_bias, dt_limit)
     inputs, _held = _pointers(step, torch.exp(step * A), B, C, per_channel)
-    _library().tandem_ssm_scan(
+    _kernels().tandem_ssm_scan(
         ssm_states.data_ptr(), ssm_states.dtype == torch.bfloat16, ssm_states.stride(0), ssm_states.stride(1),
         slots.data_ptr(), starts.data_ptr(), resume.data_ptr(), meta.num_sequences, num_heads, head_dim, d_state,
         num_groups, source.data_ptr(), source.dtype == torch.bfloat16, source.stride(0), *inputs, y.data_ptr(),
@@ -300,7 +338,7 @@ def causal_conv1d_fn_native(
     out = torch.empty(num_tokens, dim, dtype=source.dtype)
     slots, starts, resume = _prefill_arrays(state_indices, meta, num_tokens)
     (weight_ptr, bias_ptr), _held = _pointers(weight.t(), bias)
-    _library().tandem_conv_fn(
+    _kernels().tandem_conv_fn(
         conv_states.data_ptr(), conv_states.dtype == torch.bfloat16, conv_states.stride(0), slots.data_ptr(),
         starts.data_ptr(), resume.data_ptr(), meta.num_sequences, dim, width, source.data_ptr(),
         source.dtype == torch.bfloat16, source.stride(0), weight_ptr, bias_ptr, activation is not None,
@@ -319,7 +357,7 @@ def rms_norm_gated_native(x: Tensor, z: Tensor | None, weight: Tensor, eps: floa
     assert dim % group_size == 0 and weight.shape == (dim,) and (z is None or z.shape == x.shape)
     weight = weight.contiguous()
     out = torch.empty(rows, dim, dtype=x.dtype)
-    _library().tandem_rms_norm(
+    _kernels().tandem_rms_norm(
         x.data_ptr(), x.stride(0), None if z is None else z.data_ptr(), 0 if z is None else z.stride(0),
         weight.data_ptr(), out.data_ptr(), x.dtype == torch.bfloat16, rows, dim, group_size, eps,
         torch.get_num_threads(),
@@ -335,7 +373,7 @@ def silu_and_mul_native(gate: Tensor, up: Tensor) -> Tensor:
     rows, dim = gate.shape
     assert up.shape == gate.shape
     out = torch.empty(rows, dim, dtype=gate.dtype)
-    _library().tandem_silu_and_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(),
+    _kernels().tandem_silu_and_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(),
                                    gate.dtype == torch.bfloat16, rows, dim, torch.get_num_threads())
     return out
 
@@ -351,7 +389,7 @@ def rotary_native(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     assert cos.shape == sin.shape == (tokens, rotary_dim)
     cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(tokens, heads, head_dim, dtype=x.dtype)
-    _library().tandem_rotary(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+    _kernels().tandem_rotary(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
                              x.dtype == torch.bfloat16, tokens, heads, head_dim, rotary_dim, torch.get_num_threads())
     return out
 
@@ -361,14 +399,14 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     or bfloat16, contiguous, read as stored. The single-sequence decode's linears: streaming the weights
     is their whole cost, and bfloat16 ones stream half the bytes."""
     assert x.shape[0] <= GEMV_MAX_ROWS
-    return _linear(_library().tandem_gemv, x, weight, bias)
+    return _linear(_kernels().tandem_gemv, x, weight, bias)
 
 
 def small_gemm(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weight.T (+ bias) in float32 for a decode batch of rows (any count; it pays up to
     SMALL_GEMM_MAX_ROWS), as dot products per output feature, 8 rows at a time; weight (N, K) float32
     or bfloat16, contiguous, read as stored."""
-    return _linear(_library().tandem_small_gemm, x, weight, bias)
+    return _linear(_kernels().tandem_small_gemm, x, weight, bias)
 
 
 def _linear(kernel, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -425,7 +463,7 @@ def panel_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int
         source = source.contiguous()
     y = torch.empty(rows, out_features, dtype=dtype)
     (bias_ptr,), _held = _pointers(bias)
-    _library().tandem_panel_gemm(panels.data_ptr(), dtype == torch.bfloat16, source.data_ptr(), source.stride(0),
+    _kernels().tandem_panel_gemm(panels.data_ptr(), dtype == torch.bfloat16, source.data_ptr(), source.stride(0),
                                  bias_ptr, y.data_ptr(), dtype == torch.bfloat16, rows, out_features, in_features,
                                  torch.get_num_threads())
     return y
@@ -452,7 +490,7 @@ def amx_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) 
         source = source.contiguous()
     y = torch.empty(rows, out_features, dtype=torch.bfloat16)
     (bias_ptr,), _held = _pointers(bias)
-    _library().tandem_amx_gemm(panels.data_ptr(), source.data_ptr(), source.stride(0), bias_ptr, y.data_ptr(), rows,
+    _kernels().tandem_amx_gemm(panels.data_ptr(), source.data_ptr(), source.stride(0), bias_ptr, y.data_ptr(), rows,
                                out_features, in_features, torch.get_num_threads())
     return y
 
@@ -468,7 +506,7 @@ def store_kv_native(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor
     assert value.shape == key.shape and k_cache.shape[2:] == (num_kv_heads, head_dim)
     assert slot_mapping.shape == (num_tokens,)
     slots = slot_mapping.to(torch.int64).contiguous()
-    _library().tandem_store_kv(
+    _kernels().tandem_store_kv(
         key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0), value.stride(1),
         k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[1], slots.data_ptr(), num_tokens, num_kv_heads, head_dim, key.element_size(),
@@ -502,7 +540,7 @@ def paged_attention_native(
     seq_lens = meta.seq_lens.to(torch.int32).contiguous()
     result = torch.empty(num_tokens, num_q_heads, head_dim, dtype=torch.float32)
     (q_ptr,), _held = _pointers(q)
-    _library().tandem_decode_attention(
+    _kernels().tandem_decode_attention(
         k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, k_cache.stride(0),
         k_cache.stride(1), k_cache.stride(2), k_cache.shape[1], table.data_ptr(), table.stride(0),
         seq_lens.data_ptr(), num_tokens, num_q_heads, num_kv_heads, head_dim, q_ptr, q.dtype == torch.bfloat16,

@@ -1,0 +1,252 @@
+"""Captured decode steps on a CPU: a step of B decodes recorded once, then replayed without the model's Python.
+
+At one sequence a decode step's kernels take about 11 ms on the bench's hybrid (bfloat16), and the Python
+around them (module calls, the native kernels' wrappers, the torch ops between them) another 6-9 ms: 20-40 us
+for each of ~150 launches. vLLM's GPU path removes the same cost with CUDA graphs; this is their CPU
+counterpart. While a decode step of B sequences runs the first time, every native kernel call is recorded
+with its arguments (data pointers included) and every torch op with its tensors, into one ordered program.
+Later steps of B decodes write their token ids, positions, page ids and lengths into the same input tensors
+and replay the program: ctypes calls with the recorded arguments and the torch ops that depend on the step,
+nothing else.
+
+Which torch ops replay follows from the data: the step's inputs and the page pool are marked; an op that
+reads marked memory, or allocates, marks its outputs. A marked op replays; a view costs nothing; an op on
+the weights alone (a float32 copy of a bfloat16 vector, -exp(A_log)) ran once at capture and its result is
+kept. An op that reads a marked tensor's values into Python (`.item()`, a data-dependent shape) cannot be
+replayed: the capture is dropped (the step it ran is still correct) and that engine stays eager.
+
+Every intermediate a graph touched stays allocated while the graph lives (a few MB at 32 sequences), so
+graphs are kept for the most recent MAX_GRAPHS batch sizes. `enforce_eager` (as vLLM's) turns them off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import OrderedDict
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from runtime.context import ForwardContext, forward_context
+from runtime.kernels import cpu_native
+from runtime.kernels.metadata import AttentionMetadata
+
+logger = logging.getLogger("tandem")
+
+MAX_GRAPHS = 8
+# Ops that allocate without defining their contents: the output is the step's memory, never replayed.
+_ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+                torch.ops.aten.new_empty.default, torch.ops.aten.empty_strided.default,
+                torch.ops.aten.new_empty_strided.default}
+# A tensor made from Python data inside the forward may hold a per-step value the replay would not see.
+_FROM_PYTHON = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+
+
+class NotCapturable(Exception):
+    """The step ran an op a replay cannot repeat."""
+
+
+class DecodeGraph:
+    """One captured decode step of `batch_size` sequences, with the input tensors it reads."""
+
+    def __init__(self, runner: Any, batch_size: int):
+        self.batch_size = batch_size
+        layout, device = runner.layout, runner.device
+        long = dict(dtype=torch.long, device=device)
+        self.input_ids = torch.zeros(batch_size, **long)
+        self.positions = torch.zeros(batch_size, **long)
+        # Block tables as wide as the longest sequence's, so that their stride (which the kernels read) holds.
+        self.width = layout.pages_per_sequence(runner.config.derived_max_model_len) if layout.block_size else 0
+        self.block_tables = tuple(torch.zeros(batch_size, self.width, dtype=torch.int32, device=device)
+                                  for _ in range(layout.num_attention_groups))
+        self.slot_mappings = tuple(torch.zeros(batch_size, **long) for _ in range(layout.num_attention_groups))
+        self.seq_lens = torch.ones(batch_size, dtype=torch.int32, device=device)
+        self.state_pages = tuple(torch.zeros(batch_size, **long) for _ in range(layout.num_state_groups))
+        attention = None
+        if layout.block_size:
+            starts = torch.arange(batch_size + 1, dtype=torch.int32, device=device)
+            attention = AttentionMetadata(batch_size, starts, self.seq_lens, max_query_len=1,
+                                          max_seq_len=runner.config.derived_max_model_len)
+        self.context = ForwardContext(batch_size, 0, attention, self.block_tables, self.slot_mappings, None,
+                                      self.state_pages, tuple(p[batch_size:] for p in self.state_pages))
+        self.program: list[Callable[[], None]] = []
+        self.logits: torch.Tensor | None = None
+        self._held: list[torch.Tensor] = []  # every tensor the program reads or writes, kept allocated
+
+    def fits(self, plan: Any) -> bool:
+        return all(len(table) <= self.width for tables in plan.block_tables for table in tables)
+
+    def fill(self, plan: Any, block_size: int) -> None:
+        """Write the step's inputs where the program reads them."""
+        self.input_ids.copy_(torch.tensor(plan.input_ids))
+        self.positions.copy_(torch.tensor(plan.positions))
+        if block_size:
+            self.seq_lens.copy_(torch.tensor([p + 1 for p in plan.positions]))
+            for table, slots, tables in zip(self.block_tables, self.slot_mappings, plan.block_tables):
+                rows = [row + [0] * (self.width - len(row)) for row in tables]
+                table.copy_(torch.tensor(rows, dtype=torch.int32))
+                slots.copy_(torch.tensor([row[p // block_size] * block_size + p % block_size
+                                          for row, p in zip(tables, plan.positions)]))
+        for pages, group in zip(self.state_pages, plan.state_pages):
+            pages.copy_(torch.tensor(group))
+
+    def capture(self, model: torch.nn.Module, pool: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+        """Run the step (filled first) while recording it; returns its logits, and why a replay could not
+        repeat it (None when it can: the graph is ready). The step itself is right either way."""
+        marked = [self.input_ids, self.positions, *self.block_tables, *self.slot_mappings, self.seq_lens,
+                  *self.state_pages, pool]
+        recorder = _Recorder(self.program, self._held, marked)
+        with forward_context(self.context), recorder, cpu_native.recording(self.program), recorder.watching_python():
+            hidden = model(self.input_ids, self.positions)
+            logits = model.compute_logits(hidden)
+        if recorder.failure is not None:
+            self.program.clear()
+            self._held.clear()
+        else:
+            self.logits = logits
+        return logits, recorder.failure
+
+    def replay(self) -> torch.Tensor:
+        for step in self.program:
+            step()
+        return self.logits
+
+
+class DecodeGraphs:
+    """The runner's captured decode steps, by batch size; None from `run` where a step must run eagerly."""
+
+    def __init__(self, runner: Any):
+        self.runner = runner
+        self.graphs: OrderedDict[int, DecodeGraph] = OrderedDict()
+        self.disabled = False
+
+    def run(self, plan: Any) -> torch.Tensor | None:
+        decode_only = plan.num_decodes == len(plan.counts) and not plan.prompt_rows
+        if self.disabled or not decode_only:
+            return None
+        size = len(plan.counts)
+        graph = self.graphs.get(size)
+        if graph is not None and not graph.fits(plan):
+            return None
+        block_size = self.runner.layout.block_size
+        if graph is not None:
+            self.graphs.move_to_end(size)
+            graph.fill(plan, block_size)
+            return graph.replay()
+        graph = DecodeGraph(self.runner, size)
+        if not graph.fits(plan):
+            return None
+        graph.fill(plan, block_size)
+        logits, failure = graph.capture(self.runner.model, self.runner.pool)
+        if failure is not None:
+            logger.info("decode steps run eagerly: %s", failure)
+            self.disabled = True
+            return logits
+        self.graphs[size] = graph
+        if len(self.graphs) > MAX_GRAPHS:
+            self.graphs.popitem(last=False)
+        return logits
+
+
+class _Recorder(TorchDispatchMode):
+    """Appends to `program` a replay of every torch op that depends on the step (see the module's docstring)."""
+
+    def __init__(self, program: list, held: list, marked: list[torch.Tensor]):
+        super().__init__()
+        self.program, self.held = program, held
+        self.marked = {_storage(t) for t in marked}
+        self.failure: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if self.failure is None:
+            try:
+                self._record(func, args, kwargs, result)
+            except NotCapturable as reason:
+                self.failure = str(reason)
+        return result
+
+    @contextlib.contextmanager
+    def watching_python(self) -> Iterator[None]:
+        """Fail the capture where Python reads a step's values by a path no op is dispatched for (`.tolist()`,
+        `.numpy()`): a decision taken on them (MoE routing, split sizes) would be frozen into the replay."""
+        originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+
+        def watched(name: str):
+            def read(tensor: torch.Tensor, *args, **kwargs):
+                if self.failure is None and _storage(tensor) in self.marked:
+                    self.failure = f"Tensor.{name}() reads a step's values into Python"
+                return originals[name](tensor, *args, **kwargs)
+            return read
+
+        for name in originals:
+            setattr(torch.Tensor, name, watched(name))
+        try:
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+
+    def _record(self, func, args, kwargs, result) -> None:
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outputs, _ = tree_flatten(result)
+        reads_marked = any(_storage(t) in self.marked for t in inputs)
+        if func in _FROM_PYTHON:
+            raise NotCapturable(f"{func} makes a tensor from Python data inside the forward")
+        if reads_marked and _depends_on_values(func, inputs):
+            raise NotCapturable(f"{func} gives a result whose shape or Python value depends on a step's values")
+        if any(not isinstance(o, torch.Tensor) for o in outputs if o is not None):
+            if reads_marked:
+                raise NotCapturable(f"{func} reads a step's values into Python")
+            return
+        outputs = [o for o in outputs if o is not None]
+        self.held += outputs
+        if func in _ALLOCATIONS:
+            self.marked.update(_storage(o) for o in outputs)
+            return
+        in_storages = {_storage(t) for t in inputs}
+        aliases = [_storage(o) in in_storages for o in outputs]
+        mutates = func._schema.is_mutable
+        if all(aliases) and not mutates:
+            return  # a view: it reads whatever its base holds when a later op runs
+        if any(aliases) and not all(aliases):
+            raise NotCapturable(f"{func} returns both new tensors and views")
+        factory = not inputs
+        if not (reads_marked or mutates or factory):
+            return  # a function of the weights alone: its result, kept, holds for every step
+        self.held += inputs
+        if mutates or all(aliases):
+            self.marked.update(in_storages if mutates else ())
+            self.program.append(_Replay(func, args, kwargs, ()))
+        else:
+            self.marked.update(_storage(o) for o in outputs)
+            self.program.append(_Replay(func, args, kwargs, tuple(outputs)))
+
+
+class _Replay:
+    """One recorded torch op: run again on the same tensors, its new outputs copied into the recorded ones."""
+
+    def __init__(self, func, args, kwargs, outputs: tuple[torch.Tensor, ...]):
+        self.func, self.args, self.kwargs, self.outputs = func, args, kwargs, outputs
+
+    def __call__(self) -> None:
+        result = self.func(*self.args, **self.kwargs)
+        if self.outputs:
+            for recorded, fresh in zip(self.outputs, tree_flatten(result)[0]):
+                recorded.copy_(fresh)
+
+
+def _depends_on_values(func, inputs: list[torch.Tensor]) -> bool:
+    """Whether an op's output shape, or its Python result, follows its inputs' values (nonzero, bincount,
+    unique, .item()); indexing is tagged so for boolean masks alone."""
+    if func is torch.ops.aten.index.Tensor:
+        return any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:])
+    return torch.Tag.dynamic_output_shape in func.tags or torch.Tag.data_dependent_output in func.tags
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()

@@ -1,0 +1,118 @@
+"""Captured decode steps (runtime/decode_graph.py): a replay gives the eager step's logits bit for bit, and a step
+a replay could not repeat runs eagerly instead.
+
+The parity tests (test_parity.py, against HF) run with capture on, as every engine does by default; here
+the engine with capture is checked against itself with `enforce_eager`, to the last bit, on batches that
+shrink as requests finish (a graph per batch size), sequences that cross attention pages, and bfloat16.
+"""
+
+import pytest
+import torch
+
+from runtime import LLM, SamplingParams, decode_graph
+from runtime.kernels import cpu_native
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="decode steps are captured over native kernels")
+
+# Three requests that finish at different steps: the decode batch runs at 3, then 2, then 1 sequences.
+PROMPT_LENGTHS = (3, 21, 40)
+NEW_TOKENS = (9, 14, 30)
+
+
+def logprobs(output) -> list[dict[int, float]]:
+    return [{token: lp.logprob for token, lp in step.items()} for step in output.outputs[0].logprobs]
+
+
+def generate(directory, enforce_eager: bool, **options):
+    llm = LLM(str(directory), max_num_seqs=len(PROMPT_LENGTHS), enforce_eager=enforce_eager, **options)
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in PROMPT_LENGTHS]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=3) for n in NEW_TOKENS]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    result = [(out.outputs[0].token_ids, logprobs(out))
+              for out in outputs]
+    return result, llm.engine.runner.graphs
+
+
+@pytest.mark.parametrize("name, dtype", [
+    ("llama", torch.float32),
+    ("bamba", torch.float32),
+    ("bamba", torch.bfloat16),
+    ("falcon_h1", torch.float32),
+    ("zamba2", torch.float32),
+])
+def test_replayed_decodes_equal_eager_ones(tiny_checkpoint, name, dtype):
+    directory, _ = tiny_checkpoint(name, dtype=dtype)
+    # Pages of 16 tokens: the longest sequence (70 tokens) crosses four of them while replaying.
+    eager, none = generate(directory, enforce_eager=True, block_size=16 if name == "llama" else None)
+    replayed, graphs = generate(directory, enforce_eager=False, block_size=16 if name == "llama" else None)
+    assert none is None
+    assert not graphs.disabled and sorted(graphs.graphs) == [1, 2, 3]
+    assert replayed == eager
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("granitemoehybrid", "aten.bincount"),  # MoE routing: tokens per expert
+    ("mamba", "aten.index.Tensor"),  # the Mamba-1 reference keeps the real slots by a boolean mask
+])
+def test_a_step_a_replay_cannot_repeat_runs_eagerly(tiny_checkpoint, caplog, name, reason):
+    directory, _ = tiny_checkpoint(name)
+    eager, _ = generate(directory, enforce_eager=True)
+    with caplog.at_level("INFO", logger="tandem"):
+        result, graphs = generate(directory, enforce_eager=False)
+    assert graphs.disabled and not graphs.graphs
+    assert any("decode steps run eagerly" in r.getMessage() and reason in r.getMessage() for r in caplog.records)
+    # The step that was being captured when the op showed up finished eagerly: nothing ran twice.
+    assert result == eager
+
+
+def test_graphs_are_kept_for_the_latest_batch_sizes(tiny_checkpoint, monkeypatch):
+    monkeypatch.setattr(decode_graph, "MAX_GRAPHS", 2)
+    directory, _ = tiny_checkpoint("bamba")
+    eager, _ = generate(directory, enforce_eager=True)
+    replayed, graphs = generate(directory, enforce_eager=False)
+    assert list(graphs.graphs) == [2, 1]
+    assert replayed == eager
+
+
+def record(step, marked, *inputs):
+    """Capture step(*inputs) with `marked` as the step's inputs; returns (program, failure, result)."""
+    program, held = [], []
+    recorder = decode_graph._Recorder(program, held, marked)
+    with recorder, recorder.watching_python():
+        result = step(*inputs)
+    return program, recorder.failure, result
+
+
+def test_ops_on_the_step_replay_and_ops_on_weights_do_not():
+    x, weight = torch.randn(4, 8), torch.randn(8).to(torch.bfloat16)
+
+    def step(x, weight):
+        scale = -torch.exp(weight.float())  # the weights alone: computed once
+        out = torch.empty(4, 8)
+        out.copy_(x * scale)  # reads the step's x: replayed
+        return out.view(2, 16) + 1.0  # a view costs nothing; the add replays
+
+    program, failure, result = record(step, [x], x, weight)
+    assert failure is None
+    assert [replay.func for replay in program] == [torch.ops.aten.mul.Tensor, torch.ops.aten.copy_.default,
+                                                    torch.ops.aten.add.Tensor]
+    x.copy_(torch.randn(4, 8))
+    for replay in program:
+        replay()
+    torch.testing.assert_close(result, (x * -torch.exp(weight.float())).view(2, 16) + 1.0, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("read", [
+    lambda x: x.tolist(),
+    lambda x: x.numpy(),
+    lambda x: int(x[0]),
+    lambda x: x.nonzero(),
+    lambda x: x[x > 0],
+    lambda x: torch.tensor([1.0]) + x,
+])
+def test_a_step_value_read_into_python_fails_the_capture(read):
+    x = torch.randn(4)
+    _, failure, _ = record(read, [x], x)
+    assert failure is not None
+    _, failure, _ = record(read, [], x)  # the same read of a weight is harmless
+    assert failure is None or "Python data" in failure
