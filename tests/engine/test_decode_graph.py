@@ -90,16 +90,16 @@ def test_ops_on_the_step_replay_and_ops_on_weights_do_not():
         scale = -torch.exp(weight.float())  # the weights alone: computed once
         out = torch.empty(4, 8)
         out.copy_(x * scale)  # reads the step's x: replayed
-        return out.view(2, 16) + 1.0  # a view costs nothing; the add replays
+        return out.view(2, 16) + 1.0, x.to(torch.bfloat16)  # a view costs nothing; the add and the cast replay
 
-    program, failure, result = record(step, [x], x, weight)
+    program, failure, (result, cast) = record(step, [x], x, weight)
     assert failure is None
-    assert [replay.func for replay in program] == [torch.ops.aten.mul.Tensor, torch.ops.aten.copy_.default,
-                                                    torch.ops.aten.add.Tensor]
+    assert len(program) == 4  # mul, copy_, add, the cast: not float, exp or neg
     x.copy_(torch.randn(4, 8))
     for replay in program:
         replay()
     torch.testing.assert_close(result, (x * -torch.exp(weight.float())).view(2, 16) + 1.0, rtol=0, atol=0)
+    torch.testing.assert_close(cast, x.to(torch.bfloat16), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("read", [
@@ -116,3 +116,14 @@ def test_a_step_value_read_into_python_fails_the_capture(read):
     assert failure is not None
     _, failure, _ = record(read, [], x)  # the same read of a weight is harmless
     assert failure is None or "Python data" in failure
+
+
+def test_a_batch_size_seen_once_is_not_captured(tiny_checkpoint):
+    directory, _ = tiny_checkpoint("bamba")
+    llm = LLM(str(directory), max_num_seqs=1)
+    # One decode step of one sequence: capturing it would cost more than the step.
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    graphs = llm.engine.runner.graphs
+    assert graphs.seen == {1} and not graphs.graphs
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert list(graphs.graphs) == [1]
