@@ -75,3 +75,24 @@ def test_the_report_says_what_vllm_preloads_and_what_it_lacks():
     assert throughput.vllm_preload_line(both) == f"vLLM preloads: {both}"
     assert "missing tcmalloc:" in throughput.vllm_preload_line("/v/lib/libiomp5.so")
     assert "missing tcmalloc, iomp5:" in throughput.vllm_preload_line("")
+
+
+def test_batch1_floor_takes_each_runs_own_bandwidth():
+    # 100 MB of weights; three runs at 20 ms a token, the machine's bandwidth dropping from 10 to 5 GB/s.
+    runs = [dict(figures(3.0), step_s=0.020, copy_bandwidth=bandwidth) for bandwidth in (10e9, 8e9, 5e9)]
+    row = throughput.floor_row("hybrid", "bfloat16", runs, 100 * 10**6)
+    # Floors 10, 12.5 and 20 ms: ratios 2.00x, 1.60x, 1.00x, and their median (not the medians' ratio).
+    assert row == "| hybrid | bfloat16 | 20.0 | 12.5 | 1.60x | 2.00x, 1.60x, 1.00x |"
+
+
+def test_batch1_child_measures_bandwidth_after_its_decode(tmp_path):
+    command = [sys.executable, str(ROOT / "bench" / "throughput.py"), "--child", "--engine", "tandem", "--models",
+               "hybrid", "--dtypes", "float32", "--prompts", "1", "--input-len", "8", "--output-len", "3",
+               "--cache", str(tmp_path), "--threads", "1"]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TANDEM_CPU_COMPILE": "0"}
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 1e8 < result["copy_bandwidth"] < 1e12  # bytes per second: 0.1 GB/s to 1 TB/s
+    # The copy's 512 MiB of buffers came after the peak was read.
+    assert result["peak_rss_mib"] < 4 * 1024

@@ -121,9 +121,10 @@ def test_a_step_value_read_into_python_fails_the_capture(read):
 def test_a_batch_size_seen_once_is_not_captured(tiny_checkpoint):
     directory, _ = tiny_checkpoint("bamba")
     llm = LLM(str(directory), max_num_seqs=1)
+    prompt = [{"prompt_token_ids": [5, 6, 7]}]
     # One decode step of one sequence: capturing it would cost more than the step.
-    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     graphs = llm.engine.runner.graphs
     assert graphs.seen == {1} and not graphs.graphs
-    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert list(graphs.graphs) == [1]
