@@ -62,7 +62,8 @@ class DecodeGraph:
         self.input_ids = torch.zeros(batch_size, **long)
         self.positions = torch.zeros(batch_size, **long)
         # Block tables as wide as the longest sequence's, so that their stride (which the kernels read) holds.
-        self.width = layout.pages_per_sequence(runner.config.derived_max_model_len) if layout.block_size else 0
+        max_len = runner.config.derived_max_model_len
+        self.width = -(-max_len // layout.block_size) if layout.block_size else 0
         self.block_tables = tuple(torch.zeros(batch_size, self.width, dtype=torch.int32, device=device)
                                   for _ in range(layout.num_attention_groups))
         self.slot_mappings = tuple(torch.zeros(batch_size, **long) for _ in range(layout.num_attention_groups))
@@ -72,7 +73,7 @@ class DecodeGraph:
         if layout.block_size:
             starts = torch.arange(batch_size + 1, dtype=torch.int32, device=device)
             attention = AttentionMetadata(batch_size, starts, self.seq_lens, max_query_len=1,
-                                          max_seq_len=runner.config.derived_max_model_len)
+                                          max_seq_len=max_len)
         self.context = ForwardContext(batch_size, 0, attention, self.block_tables, self.slot_mappings, None,
                                       self.state_pages, tuple(p[batch_size:] for p in self.state_pages))
         self.program: list[Callable[[], None]] = []

@@ -14,14 +14,19 @@ sys.path.insert(0, str(ROOT))
 from bench import throughput  # noqa: E402
 
 
-def test_throughput_child_measures_tandem(tmp_path):
+def run_child(tmp_path, prompts: int) -> dict:
+    """One Tandem measurement of the toy hybrid (prompts x 8 tokens in, 3 out), as the report runs it."""
     command = [sys.executable, str(ROOT / "bench" / "throughput.py"), "--child", "--engine", "tandem", "--models",
-               "hybrid", "--dtypes", "float32", "--prompts", "2", "--input-len", "8", "--output-len", "3",
+               "hybrid", "--dtypes", "float32", "--prompts", str(prompts), "--input-len", "8", "--output-len", "3",
                "--cache", str(tmp_path), "--threads", "1"]
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TANDEM_CPU_COMPILE": "0"}
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_throughput_child_measures_tandem(tmp_path):
+    result = run_child(tmp_path, prompts=2)
     assert set(result) == {"total_s", "prefill_s", "step_s", "generated_tokens", "peak_rss_mib"}
     # It measured the workload it was asked for: 2 prompts x 3 tokens, EOS ignored.
     assert result["generated_tokens"] == 2 * 3
@@ -86,13 +91,7 @@ def test_batch1_floor_takes_each_runs_own_bandwidth():
 
 
 def test_batch1_child_measures_bandwidth_after_its_decode(tmp_path):
-    command = [sys.executable, str(ROOT / "bench" / "throughput.py"), "--child", "--engine", "tandem", "--models",
-               "hybrid", "--dtypes", "float32", "--prompts", "1", "--input-len", "8", "--output-len", "3",
-               "--cache", str(tmp_path), "--threads", "1"]
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TANDEM_CPU_COMPILE": "0"}
-    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_child(tmp_path, prompts=1)
     assert 1e8 < result["copy_bandwidth"] < 1e12  # bytes per second: 0.1 GB/s to 1 TB/s
     # The copy's 512 MiB of buffers came after the peak was read.
     assert result["peak_rss_mib"] < 4 * 1024
