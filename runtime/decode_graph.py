@@ -3,11 +3,11 @@
 At one sequence a decode step's kernels take about 11 ms on the bench's hybrid (bfloat16), and the Python
 around them (module calls, the native kernels' wrappers, the torch ops between them) another 6-9 ms: 20-40 us
 for each of ~150 launches. vLLM's GPU path removes the same cost with CUDA graphs; this is their CPU
-counterpart. While a decode step of B sequences runs the first time, every native kernel call is recorded
-with its arguments (data pointers included) and every torch op with its tensors, into one ordered program.
-Later steps of B decodes write their token ids, positions, page ids and lengths into the same input tensors
-and replay the program: ctypes calls with the recorded arguments and the torch ops that depend on the step,
-nothing else.
+counterpart. While a decode step of B sequences runs the first time, every torch op is recorded with its
+tensors into one ordered program; the native kernels are torch operators (`tandem::...`, cpu_native.py) and
+are recorded as any other op. Later steps of B decodes write their token ids, positions, page ids and lengths
+into the same input tensors and replay the program: the ops that depend on the step, on the same tensors,
+nothing else. A graph belongs to the page pool it was recorded against: a runner with another pool drops it.
 
 Which torch ops replay follows from the data: the step's inputs and the page pool are marked; an op that
 reads marked memory, or allocates, marks its outputs. A marked op replays; a view costs nothing; an op on
@@ -34,7 +34,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from runtime.context import ForwardContext, forward_context
-from runtime.kernels import cpu_native
 from runtime.kernels.metadata import AttentionMetadata
 
 logger = logging.getLogger("tandem")
@@ -78,6 +77,7 @@ class DecodeGraph:
                                       self.state_pages, tuple(p[batch_size:] for p in self.state_pages))
         self.program: list[Callable[[], None]] = []
         self.logits: torch.Tensor | None = None
+        self.pool: torch.Tensor | None = None  # the page pool the program reads and writes
         self._held: list[torch.Tensor] = []  # every tensor the program reads or writes, kept allocated
 
     def fits(self, plan: Any) -> bool:
@@ -103,14 +103,14 @@ class DecodeGraph:
         marked = [self.input_ids, self.positions, *self.block_tables, *self.slot_mappings, self.seq_lens,
                   *self.state_pages, pool]
         recorder = _Recorder(self.program, self._held, marked)
-        with forward_context(self.context), recorder, cpu_native.recording(self.program), recorder.watching_python():
+        with forward_context(self.context), recorder, recorder.watching_python():
             hidden = model(self.input_ids, self.positions)
             logits = model.compute_logits(hidden)
         if recorder.failure is not None:
             self.program.clear()
             self._held.clear()
         else:
-            self.logits = logits
+            self.logits, self.pool = logits, pool
         return logits, recorder.failure
 
     def replay(self) -> torch.Tensor:
@@ -132,6 +132,8 @@ class DecodeGraphs:
         decode_only = plan.num_decodes == len(plan.counts) and not plan.prompt_rows
         if self.disabled or not decode_only:
             return None
+        if any(graph.pool is not self.runner.pool for graph in self.graphs.values()):
+            self.graphs.clear()  # recorded against a pool the runner no longer has
         size = len(plan.counts)
         graph = self.graphs.get(size)
         if graph is not None and not graph.fits(plan):
@@ -228,7 +230,7 @@ class _Recorder(TorchDispatchMode):
             return  # a function of the weights alone: its result, kept, holds for every step
         self.held += inputs
         if mutates or all(aliases):
-            self.marked.update(in_storages if mutates else ())
+            self.marked.update(_storage(t) for t in _written(func, args, kwargs) or inputs)
             self.program.append(_Replay(func, args, kwargs, ()))
         else:
             self.marked.update(_storage(o) for o in outputs)
@@ -273,6 +275,15 @@ def _replay_into(func, args, kwargs, outputs: list[torch.Tensor]) -> Callable[[]
         outputs[0].copy_(expected)
         return _Replay(func, args, kwargs, tuple(outputs))
     return replay
+
+
+def _written(func, args, kwargs) -> list[torch.Tensor]:
+    """The tensors an op writes in place: the arguments its schema marks `(a!)` (the native kernels' outputs,
+    an in-place op's self, an out= argument)."""
+    schema = func._schema.arguments
+    given = [*zip(schema, args), *((arg, kwargs[arg.name]) for arg in schema if arg.name in kwargs)]
+    return [value for arg, value in given
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor)]
 
 
 def _depends_on_values(func, inputs: list[torch.Tensor]) -> bool:

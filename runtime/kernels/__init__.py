@@ -8,8 +8,9 @@ the references otherwise; TANDEM_KERNEL_BACKEND=torch|triton forces either when 
 `kernel_backend` knob is "auto". Triton on a CPU means the interpreter, for tests: it needs
 TRITON_INTERPRET=1 before triton is first imported.
 
-On a CPU with the torch backend, the ops in NATIVE run on cpu_native.c's kernels where that library
-builds (a C compiler is present; TANDEM_CPU_NATIVE=0 keeps the references).
+On a CPU with the torch backend, the ops in NATIVE run on the native CPU kernels (the `tandem::` torch
+operators of cpu_native.py) where their library builds (C and C++ compilers are present;
+TANDEM_CPU_NATIVE=0 keeps the references).
 
 The binding is per process: an engine built later with another backend rebinds the ops for the
 engines built before it (a warning says so).

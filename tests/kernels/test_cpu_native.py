@@ -1,4 +1,4 @@
-"""cpu_native.c's Mamba kernels against their torch references, on random inputs in strided pool views."""
+"""The native CPU kernels (the tandem:: operators) against their torch references, on random inputs in strided pool views."""
 
 import os
 import subprocess
@@ -107,8 +107,9 @@ def test_the_library_builds_into_the_cache_directory_and_can_be_switched_off(tmp
     env.pop("TANDEM_CPU_NATIVE", None)
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["True", "False"]
-    built = list((tmp_path / "native").iterdir())
-    assert len(built) == 1 and built[0].name.startswith("libtandem_cpu-") and built[0].suffix == ".so"
+    built = sorted((tmp_path / "native").iterdir())
+    assert [path.suffix for path in built] == [".json", ".so"]  # the library and the features it was built for
+    assert built[1].name.startswith("libtandem_cpu-") and built[0].stem == built[1].stem
 
 
 @pytest.mark.parametrize("dtype, state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])

@@ -1,10 +1,12 @@
-/* Tandem's native CPU kernels: the Mamba decode steps, in place on the state pool, one pass each.
+/* Tandem's native CPU kernels: the Mamba decode steps, in place on the state pool, one pass each, and the
+ * norms, activations, rotary embedding, decode attention and small-batch linears around them.
  *
- * Built on first use by cpu_native.py (the host's C compiler, -O3 -march=native -fopenmp) and
- * called through ctypes. Inputs arrive as contiguous float32 arrays (the launchers convert them:
- * they are a few kilobytes per step); states stay in the pool, in float32 or bfloat16, addressed by
- * slot. The math is the torch references' (selective_state_update_ref, causal_conv1d_update_ref),
- * in float32, and the tests hold these functions to those references on random inputs.
+ * Built on first use by native_build.py (the host's C compiler, -O3 for this CPU, -fopenmp) with
+ * ops.cpp, which checks every tensor and registers each function as a torch operator. Small inputs
+ * arrive as contiguous float32 arrays (the launchers convert them: a few kilobytes per step); states
+ * stay in the pool, in float32 or bfloat16, addressed by slot. The math is the torch references'
+ * (selective_state_update_ref, causal_conv1d_update_ref, ...), in float32, and the tests hold these
+ * functions to those references on random inputs.
  */
 
 #define _GNU_SOURCE /* syscall: the AMX permission */
@@ -13,6 +15,8 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "tandem_cpu.h"
 
 static inline float bf16_load(const uint16_t *p) {
     uint32_t bits = (uint32_t)(*p) << 16;
@@ -645,7 +649,7 @@ void tandem_rotary(const void *x, int64_t token_stride, int64_t head_stride, con
  * weights, so reading them at full bandwidth is all that counts. w: (N, K) float32 or bfloat16 (read
  * as is: half the bytes); x: (M, K), y: (M, N) float32; M <= GEMV_MAX_ROWS. Output rows in blocks
  * per thread, so each thread streams its own part of W once for all M rows. */
-#define GEMV_MAX_ROWS 4
+#define GEMV_MAX_ROWS TANDEM_GEMV_MAX_ROWS
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline __m256 load8(const void *w, int bf16, int64_t offset) {
@@ -814,7 +818,7 @@ void tandem_small_gemm(const void *w, int bf16, const float *x, const float *bia
  * one read the weights at 10-20 GB/s (docs/performance.md). float32 weights: (panels, K, PANEL);
  * bfloat16 weights (AVX-512 BF16): (panels, K / 2, PANEL, 2), pairs of k multiplied and summed by
  * vdpbf16ps, with x in bfloat16 too. The packed weights' features past N and k past K are zeros. */
-#define PANEL 32
+#define PANEL TANDEM_PANEL
 #define PANEL_ROWS 12
 
 int tandem_panel_gemm_dtypes(void) {

@@ -1,0 +1,540 @@
+// The torch operators over the C core (tandem_cpu.h): one schema for each, in TORCH_LIBRARY below, and a
+// wrapper that reads shapes, strides and dtypes from the tensors and checks every one of them before a
+// pointer reaches C. A failed check is a RuntimeError that names the operator and the argument; nothing
+// here is an assert, so `python -O` keeps every check. The kernels trust what passes.
+//
+// Every operator writes into tensors its caller allocated (marked `(a!)` in its schema) and returns
+// nothing: the launchers in cpu_native.py allocate, and a captured decode step (decode_graph.py) replays
+// a mutating op on the same tensors without a copy.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "tandem_cpu.h"
+
+namespace {
+
+using at::Tensor;
+using c10::ScalarType;
+using OptionalTensor = std::optional<Tensor>;
+
+constexpr std::initializer_list<ScalarType> kNative = {ScalarType::Float, ScalarType::BFloat16};
+
+std::string dtype_names(std::initializer_list<ScalarType> dtypes) {
+  std::string names;
+  for (ScalarType dtype : dtypes) names += (names.empty() ? "" : " or ") + std::string(c10::toString(dtype));
+  return names;
+}
+
+// The checks of one operator's arguments; each failure names the operator and the argument.
+class Args {
+ public:
+  explicit Args(const char *op) : op_(op) {}
+
+  void require(bool ok, const char *name, const std::string &what) const {
+    TORCH_CHECK(ok, "tandem::", op_, ": argument '", name, "' ", what);
+  }
+
+  // A CPU tensor of `dims` dimensions and one of `dtypes`.
+  void tensor(const char *name, const Tensor &t, std::initializer_list<ScalarType> dtypes, int64_t dims) const {
+    require(t.defined(), name, "is undefined");
+    require(t.device().is_cpu(), name, "must be on the CPU, got " + t.device().str());
+    bool known = false;
+    for (ScalarType dtype : dtypes) known |= t.scalar_type() == dtype;
+    require(known, name, "must be " + dtype_names(dtypes) + ", got " + c10::toString(t.scalar_type()));
+    require(t.dim() == dims, name,
+            "must have " + std::to_string(dims) + " dimensions, got shape " + c10::str(t.sizes()));
+  }
+
+  void same_dtype(const char *name, const Tensor &t, const Tensor &like, const char *like_name) const {
+    require(t.scalar_type() == like.scalar_type(), name,
+            std::string("must have the dtype of '") + like_name + "' (" + c10::toString(like.scalar_type()) +
+                "), got " + c10::toString(t.scalar_type()));
+  }
+
+  void shape(const char *name, const Tensor &t, c10::IntArrayRef expected) const {
+    require(t.sizes() == expected, name, "must have shape " + c10::str(expected) + ", got " + c10::str(t.sizes()));
+  }
+
+  // The dimensions from `first` on are laid out contiguously (the kernels compute offsets within them);
+  // the dimensions before it may have any stride.
+  void contiguous_from(const char *name, const Tensor &t, int64_t first) const {
+    int64_t expected = 1;
+    for (int64_t d = t.dim() - 1; d >= first; d--) {
+      require(t.size(d) == 1 || t.stride(d) == expected, name,
+              "must be contiguous in its last " + std::to_string(t.dim() - first) + " dimension(s), got strides " +
+                  c10::str(t.strides()) + " for shape " + c10::str(t.sizes()));
+      expected *= t.size(d);
+    }
+  }
+
+  void contiguous(const char *name, const Tensor &t) const { contiguous_from(name, t, 0); }
+
+  void optional(const char *name, const OptionalTensor &t, ScalarType dtype, c10::IntArrayRef expected) const {
+    if (!t.has_value()) return;
+    tensor(name, *t, {dtype}, static_cast<int64_t>(expected.size()));
+    shape(name, *t, expected);
+    contiguous(name, *t);
+  }
+
+  // A count the C core takes as an int.
+  int count(const char *name, int64_t value) const {
+    require(value >= 0 && value <= INT_MAX, name, "has a size out of range: " + std::to_string(value));
+    return static_cast<int>(value);
+  }
+
+  // Slots of a pool of `limit` entries: each in [-1, limit), -1 meaning "no slot" (a padded row).
+  void slots(const char *name, const Tensor &slots, int64_t limit) const {
+    const int64_t *values = slots.data_ptr<int64_t>();
+    for (int64_t i = 0; i < slots.numel(); i++)
+      require(values[i] >= -1 && values[i] < limit, name,
+              "holds " + std::to_string(values[i]) + " at " + std::to_string(i) + ", outside [-1, " +
+                  std::to_string(limit) + ")");
+  }
+
+  // Token offsets of a batch of sequences: 0, non-decreasing, ending at `tokens`.
+  void starts(const char *name, const Tensor &starts, int64_t tokens) const {
+    const int32_t *values = starts.data_ptr<int32_t>();
+    const int64_t n = starts.numel();
+    require(values[0] == 0 && values[n - 1] == tokens, name,
+            "must run from 0 to the number of tokens, " + std::to_string(tokens));
+    for (int64_t i = 1; i < n; i++) require(values[i] >= values[i - 1], name, "must not decrease");
+  }
+
+ private:
+  const char *op_;
+};
+
+const OptionalTensor kNone;
+
+template <typename T>
+const T *pointer(const OptionalTensor &t) {
+  return t.has_value() ? t->data_ptr<T>() : nullptr;
+}
+
+bool bf16(const Tensor &t) { return t.scalar_type() == ScalarType::BFloat16; }
+
+int threads() { return at::get_num_threads(); }
+
+void ssm_state_update(const Tensor &states, const Tensor &slots, const Tensor &x, const Tensor &dt,
+                      const OptionalTensor &dt_bias, bool clamp, double dt_min, double dt_max, const Tensor &A,
+                      const Tensor &B, const Tensor &C, const Tensor &D, const Tensor &y) {
+  const Args args("ssm_state_update");
+  args.tensor("x", x, kNative, 3);
+  args.tensor("B", B, kNative, 3);
+  const int64_t seqs = x.size(0), heads = x.size(1), head_dim = x.size(2), groups = B.size(1), d_state = B.size(2);
+  args.contiguous_from("x", x, 1);
+  args.tensor("states", states, kNative, 4);
+  args.shape("states", states, {states.size(0), heads, head_dim, d_state});
+  args.contiguous_from("states", states, 2);
+  args.tensor("slots", slots, {ScalarType::Long}, 1);
+  args.shape("slots", slots, {seqs});
+  args.contiguous("slots", slots);
+  args.tensor("dt", dt, kNative, 2);
+  args.same_dtype("dt", dt, x, "x");
+  args.shape("dt", dt, {seqs, heads});
+  args.contiguous_from("dt", dt, 1);
+  args.optional("dt_bias", dt_bias, ScalarType::Float, {heads});
+  args.tensor("A", A, {ScalarType::Float}, 1);
+  args.shape("A", A, {heads});
+  args.contiguous("A", A);
+  args.same_dtype("B", B, x, "x");
+  args.shape("B", B, {seqs, groups, d_state});
+  args.contiguous_from("B", B, 1);
+  args.require(groups > 0 && heads % groups == 0, "B", "must have a number of groups that divides the heads");
+  args.tensor("C", C, kNative, 3);
+  args.same_dtype("C", C, x, "x");
+  args.shape("C", C, {seqs, groups, d_state});
+  args.contiguous_from("C", C, 1);
+  args.tensor("D", D, {ScalarType::Float}, 2);
+  args.shape("D", D, {heads, head_dim});
+  args.contiguous("D", D);
+  args.tensor("y", y, kNative, 3);
+  args.shape("y", y, {seqs, heads, head_dim});
+  args.contiguous("y", y);
+  args.slots("slots", slots, states.size(0));
+  tandem_ssm_state_update(states.data_ptr(), bf16(states), states.stride(0), states.stride(1),
+                          slots.data_ptr<int64_t>(), args.count("x", seqs), args.count("x", heads),
+                          args.count("x", head_dim), args.count("B", d_state), args.count("B", groups), bf16(x),
+                          x.data_ptr(), x.stride(0), dt.data_ptr(), dt.stride(0), pointer<float>(dt_bias), clamp,
+                          static_cast<float>(dt_min), static_cast<float>(dt_max), A.data_ptr<float>(), B.data_ptr(),
+                          B.stride(0), C.data_ptr(), C.stride(0), D.data_ptr<float>(), y.data_ptr(), bf16(y),
+                          threads());
+}
+
+void conv_update(const Tensor &states, const Tensor &slots, const Tensor &x, const Tensor &weight,
+                 const OptionalTensor &bias, bool silu, const Tensor &out) {
+  const Args args("conv_update");
+  args.tensor("x", x, kNative, 2);
+  args.contiguous_from("x", x, 1);
+  const int64_t seqs = x.size(0), dim = x.size(1);
+  args.tensor("weight", weight, {ScalarType::Float}, 2);
+  args.require(weight.size(0) == dim && weight.size(1) >= 1, "weight",
+               "must have shape [dim, width] with dim " + std::to_string(dim) + ", got " + c10::str(weight.sizes()));
+  args.contiguous("weight", weight);
+  const int64_t width = weight.size(1);
+  args.tensor("states", states, kNative, 3);
+  args.shape("states", states, {states.size(0), width - 1, dim});
+  args.contiguous_from("states", states, 1);
+  args.tensor("slots", slots, {ScalarType::Long}, 1);
+  args.shape("slots", slots, {seqs});
+  args.contiguous("slots", slots);
+  args.optional("bias", bias, ScalarType::Float, {dim});
+  args.tensor("out", out, kNative, 2);
+  args.same_dtype("out", out, x, "x");
+  args.shape("out", out, {seqs, dim});
+  args.contiguous("out", out);
+  args.slots("slots", slots, states.size(0));
+  tandem_conv_update(states.data_ptr(), bf16(states), states.stride(0), slots.data_ptr<int64_t>(),
+                     args.count("x", seqs), args.count("x", dim), args.count("weight", width), x.data_ptr(), bf16(x),
+                     x.stride(0), weight.data_ptr<float>(), pointer<float>(bias), silu, out.data_ptr(), threads());
+}
+
+// The per-sequence arrays of a prefill: slots (int64), token offsets (int32), resume flags (uint8).
+int prefill_sequences(const Args &args, const Tensor &slots, const Tensor &starts, const Tensor &resume,
+                      int64_t tokens, int64_t num_slots) {
+  args.tensor("slots", slots, {ScalarType::Long}, 1);
+  args.contiguous("slots", slots);
+  const int64_t seqs = slots.size(0);
+  args.tensor("starts", starts, {ScalarType::Int}, 1);
+  args.shape("starts", starts, {seqs + 1});
+  args.contiguous("starts", starts);
+  args.tensor("resume", resume, {ScalarType::Byte, ScalarType::Bool}, 1);
+  args.shape("resume", resume, {seqs});
+  args.contiguous("resume", resume);
+  args.slots("slots", slots, num_slots);
+  args.starts("starts", starts, tokens);
+  return args.count("slots", seqs);
+}
+
+void ssm_scan(const Tensor &states, const Tensor &slots, const Tensor &starts, const Tensor &resume, const Tensor &x,
+              const Tensor &dt, const Tensor &decays, const Tensor &B, const Tensor &C, const Tensor &D,
+              const Tensor &y) {
+  const Args args("ssm_scan");
+  args.tensor("x", x, kNative, 3);
+  args.contiguous_from("x", x, 1);
+  args.tensor("B", B, {ScalarType::Float}, 3);
+  const int64_t tokens = x.size(0), heads = x.size(1), head_dim = x.size(2), groups = B.size(1),
+                d_state = B.size(2);
+  args.shape("B", B, {tokens, groups, d_state});
+  args.contiguous("B", B);
+  args.require(groups > 0 && heads % groups == 0, "B", "must have a number of groups that divides the heads");
+  args.tensor("C", C, {ScalarType::Float}, 3);
+  args.shape("C", C, {tokens, groups, d_state});
+  args.contiguous("C", C);
+  for (const auto &[name, t] : {std::pair<const char *, const Tensor &>{"dt", dt}, {"decays", decays}}) {
+    args.tensor(name, t, {ScalarType::Float}, 2);
+    args.shape(name, t, {tokens, heads});
+    args.contiguous(name, t);
+  }
+  args.tensor("D", D, {ScalarType::Float}, 2);
+  args.shape("D", D, {heads, head_dim});
+  args.contiguous("D", D);
+  args.tensor("states", states, kNative, 4);
+  args.shape("states", states, {states.size(0), heads, head_dim, d_state});
+  args.contiguous_from("states", states, 2);
+  args.tensor("y", y, kNative, 3);
+  args.shape("y", y, {tokens, heads, head_dim});
+  args.contiguous("y", y);
+  const int seqs = prefill_sequences(args, slots, starts, resume, tokens, states.size(0));
+  tandem_ssm_scan(states.data_ptr(), bf16(states), states.stride(0), states.stride(1), slots.data_ptr<int64_t>(),
+                  starts.data_ptr<int32_t>(), static_cast<const uint8_t *>(resume.data_ptr()), seqs,
+                  args.count("x", heads), args.count("x", head_dim), args.count("B", d_state),
+                  args.count("B", groups), x.data_ptr(), bf16(x), x.stride(0), dt.data_ptr<float>(),
+                  decays.data_ptr<float>(), B.data_ptr<float>(), C.data_ptr<float>(), D.data_ptr<float>(),
+                  y.data_ptr(), bf16(y), threads());
+}
+
+void conv_fn(const Tensor &states, const Tensor &slots, const Tensor &starts, const Tensor &resume, const Tensor &x,
+             const Tensor &weight_t, const OptionalTensor &bias, bool silu, const Tensor &out) {
+  const Args args("conv_fn");
+  args.tensor("x", x, kNative, 2);
+  args.contiguous_from("x", x, 1);
+  const int64_t tokens = x.size(0), dim = x.size(1);
+  args.tensor("weight_t", weight_t, {ScalarType::Float}, 2);
+  args.require(weight_t.size(1) == dim && weight_t.size(0) >= 1, "weight_t",
+               "must have shape [width, dim] with dim " + std::to_string(dim) + ", got " +
+                   c10::str(weight_t.sizes()));
+  args.contiguous("weight_t", weight_t);
+  const int64_t width = weight_t.size(0);
+  args.tensor("states", states, kNative, 3);
+  args.shape("states", states, {states.size(0), width - 1, dim});
+  args.contiguous_from("states", states, 1);
+  args.optional("bias", bias, ScalarType::Float, {dim});
+  args.tensor("out", out, kNative, 2);
+  args.same_dtype("out", out, x, "x");
+  args.shape("out", out, {tokens, dim});
+  args.contiguous("out", out);
+  const int seqs = prefill_sequences(args, slots, starts, resume, tokens, states.size(0));
+  tandem_conv_fn(states.data_ptr(), bf16(states), states.stride(0), slots.data_ptr<int64_t>(),
+                 starts.data_ptr<int32_t>(), static_cast<const uint8_t *>(resume.data_ptr()), seqs,
+                 args.count("x", dim), args.count("weight_t", width), x.data_ptr(), bf16(x), x.stride(0),
+                 weight_t.data_ptr<float>(), pointer<float>(bias), silu, out.data_ptr(), threads());
+}
+
+// Rows of one float32 or bfloat16 dtype, contiguous within each row, of the shape of `like`.
+void rows_like(const Args &args, const char *name, const Tensor &t, const Tensor &like, const char *like_name) {
+  args.tensor(name, t, kNative, like.dim());
+  args.same_dtype(name, t, like, like_name);
+  args.shape(name, t, like.sizes());
+  args.contiguous_from(name, t, like.dim() - 1);
+}
+
+void rms_norm(const Tensor &x, const OptionalTensor &z, const Tensor &weight, double eps, int64_t group_size,
+              const Tensor &out) {
+  const Args args("rms_norm");
+  args.tensor("x", x, kNative, 2);
+  args.contiguous_from("x", x, 1);
+  const int64_t rows = x.size(0), dim = x.size(1);
+  if (z.has_value()) rows_like(args, "z", *z, x, "x");
+  args.tensor("weight", weight, kNative, 1);
+  args.same_dtype("weight", weight, x, "x");
+  args.shape("weight", weight, {dim});
+  args.contiguous("weight", weight);
+  args.require(group_size > 0 && dim % group_size == 0, "group_size",
+               "must divide the row size " + std::to_string(dim) + ", got " + std::to_string(group_size));
+  rows_like(args, "out", out, x, "x");
+  args.contiguous("out", out);
+  tandem_rms_norm(x.data_ptr(), x.stride(0), z.has_value() ? z->data_ptr() : nullptr, z.has_value() ? z->stride(0) : 0,
+                  weight.data_ptr(), out.data_ptr(), bf16(x), args.count("x", rows), args.count("x", dim),
+                  args.count("group_size", group_size), static_cast<float>(eps), threads());
+}
+
+void rotary(const Tensor &x, const Tensor &cos, const Tensor &sin, const Tensor &out) {
+  const Args args("rotary");
+  args.tensor("x", x, kNative, 3);
+  args.contiguous_from("x", x, 2);
+  const int64_t tokens = x.size(0), heads = x.size(1), head_dim = x.size(2);
+  args.tensor("cos", cos, kNative, 2);
+  args.same_dtype("cos", cos, x, "x");
+  const int64_t rotary_dim = cos.size(1);
+  args.shape("cos", cos, {tokens, rotary_dim});
+  args.contiguous("cos", cos);
+  args.require(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "cos",
+               "must have an even number of columns, at most the head dim " + std::to_string(head_dim));
+  args.tensor("sin", sin, kNative, 2);
+  args.same_dtype("sin", sin, x, "x");
+  args.shape("sin", sin, cos.sizes());
+  args.contiguous("sin", sin);
+  rows_like(args, "out", out, x, "x");
+  args.contiguous("out", out);
+  tandem_rotary(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), bf16(x),
+                args.count("x", tokens), args.count("x", heads), args.count("x", head_dim),
+                args.count("cos", rotary_dim), threads());
+}
+
+// x @ weight.T (+ bias) in float32, the weight float32 or bfloat16 as stored: the decode batch's linears.
+using Linear = void (*)(const void *, int, const float *, const float *, float *, int, int, int, int);
+
+void linear(const char *op, Linear kernel, int64_t max_rows, const Tensor &weight, const Tensor &x,
+            const OptionalTensor &bias, const Tensor &y) {
+  const Args args(op);
+  args.tensor("weight", weight, kNative, 2);
+  args.contiguous("weight", weight);
+  const int64_t out_features = weight.size(0), in_features = weight.size(1);
+  args.tensor("x", x, {ScalarType::Float}, 2);
+  args.contiguous("x", x);
+  const int64_t rows = x.size(0);
+  args.shape("x", x, {rows, in_features});
+  args.require(rows <= max_rows, "x", "has " + std::to_string(rows) + " rows, more than " + std::to_string(max_rows));
+  args.optional("bias", bias, ScalarType::Float, {out_features});
+  args.tensor("y", y, {ScalarType::Float}, 2);
+  args.shape("y", y, {rows, out_features});
+  args.contiguous("y", y);
+  kernel(weight.data_ptr(), bf16(weight), x.data_ptr<float>(), pointer<float>(bias), y.data_ptr<float>(),
+         args.count("x", rows), args.count("weight", out_features), args.count("weight", in_features), threads());
+}
+
+void gemv(const Tensor &weight, const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
+  linear("gemv", tandem_gemv, TANDEM_GEMV_MAX_ROWS, weight, x, bias, y);
+}
+
+void small_gemm(const Tensor &weight, const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
+  linear("small_gemm", tandem_small_gemm, INT_MAX, weight, x, bias, y);
+}
+
+// Weights packed in panels of TANDEM_PANEL features (cpu_native.pack_panels): float32 (panels, K, PANEL),
+// bfloat16 (panels, K / 2, PANEL, 2); x in the weights' type with K columns (even for bfloat16).
+int64_t check_panels(const Args &args, const Tensor &panels, const Tensor &x, const Tensor &y) {
+  args.tensor("panels", panels, kNative, bf16(panels) ? 4 : 3);
+  args.contiguous("panels", panels);
+  args.tensor("x", x, kNative, 2);
+  args.same_dtype("x", x, panels, "panels");
+  args.contiguous_from("x", x, 1);
+  const int64_t rows = x.size(0), in_features = x.size(1);
+  args.tensor("y", y, kNative, 2);
+  args.same_dtype("y", y, panels, "panels");
+  args.require(y.size(0) == rows, "y", "must have a row for each row of x, got shape " + c10::str(y.sizes()));
+  args.contiguous("y", y);
+  const int64_t out_features = y.size(1), count = (out_features + TANDEM_PANEL - 1) / TANDEM_PANEL;
+  if (bf16(panels)) {
+    args.require(in_features % 2 == 0, "x", "must have an even number of columns with bfloat16 panels");
+    args.shape("panels", panels, {count, in_features / 2, TANDEM_PANEL, 2});
+  } else {
+    args.shape("panels", panels, {count, in_features, TANDEM_PANEL});
+  }
+  return out_features;
+}
+
+void panel_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
+  const Args args("panel_gemm");
+  const int64_t out_features = check_panels(args, panels, x, y);
+  const int supported = tandem_panel_gemm_dtypes();
+  args.require(supported & (bf16(panels) ? 2 : 1), "panels",
+               std::string("has a dtype this CPU's build has no panel kernel for: ") +
+                   c10::toString(panels.scalar_type()));
+  args.optional("bias", bias, ScalarType::Float, {out_features});
+  tandem_panel_gemm(panels.data_ptr(), bf16(panels), x.data_ptr(), x.stride(0), pointer<float>(bias), y.data_ptr(),
+                    bf16(y), args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)),
+                    threads());
+}
+
+void amx_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
+  const Args args("amx_gemm");
+  args.tensor("panels", panels, {ScalarType::BFloat16}, 4);
+  const int64_t out_features = check_panels(args, panels, x, y);
+  args.require(x.size(1) % TANDEM_AMX_K_MULTIPLE == 0, "x",
+               "must have a multiple of " + std::to_string(TANDEM_AMX_K_MULTIPLE) + " columns, got " +
+                   std::to_string(x.size(1)));
+  args.require(tandem_amx_ready(), "panels", "cannot run on AMX tiles here (no AMX, or Linux refused its state)");
+  args.optional("bias", bias, ScalarType::Float, {out_features});
+  tandem_amx_gemm(static_cast<const uint16_t *>(panels.data_ptr()), static_cast<const uint16_t *>(x.data_ptr()),
+                  x.stride(0), pointer<float>(bias), static_cast<uint16_t *>(y.data_ptr()),
+                  args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)), threads());
+}
+
+// A paged cache: (pages, block_size, kv_heads, head_dim), each head's row contiguous.
+void check_cache(const Args &args, const char *name, const Tensor &cache, const Tensor &like,
+                 std::initializer_list<ScalarType> dtypes) {
+  args.tensor(name, cache, dtypes, 4);
+  args.contiguous_from(name, cache, 3);
+  if (&cache == &like) return;
+  args.same_dtype(name, cache, like, "k_cache");
+  args.shape(name, cache, like.sizes());
+  args.require(cache.strides() == like.strides(), name, "must have the strides of 'k_cache'");
+}
+
+void decode_attention(const Tensor &q, bool q_bf16, const Tensor &k_cache, const Tensor &v_cache,
+                      const Tensor &block_table, const Tensor &seq_lens, double scale, const Tensor &out) {
+  const Args args("decode_attention");
+  args.tensor("q", q, {ScalarType::Float}, 3);
+  args.contiguous("q", q);
+  const int64_t seqs = q.size(0), q_heads = q.size(1), head_dim = q.size(2);
+  check_cache(args, "k_cache", k_cache, k_cache, kNative);
+  check_cache(args, "v_cache", v_cache, k_cache, kNative);
+  const int64_t pages = k_cache.size(0), block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  args.require(k_cache.size(3) == head_dim, "k_cache", "must have the head dim of 'q', " + std::to_string(head_dim));
+  args.require(kv_heads > 0 && q_heads % kv_heads == 0, "q", "must have a multiple of the caches' KV heads");
+  args.tensor("block_table", block_table, {ScalarType::Int}, 2);
+  args.require(block_table.size(0) == seqs, "block_table", "must have a row for each sequence of 'q'");
+  args.contiguous_from("block_table", block_table, 1);
+  args.tensor("seq_lens", seq_lens, {ScalarType::Int}, 1);
+  args.shape("seq_lens", seq_lens, {seqs});
+  args.contiguous("seq_lens", seq_lens);
+  args.tensor("out", out, {ScalarType::Float}, 3);
+  args.shape("out", out, q.sizes());
+  args.contiguous("out", out);
+  const int32_t *lengths = seq_lens.data_ptr<int32_t>();
+  for (int64_t s = 0; s < seqs; s++) {
+    args.require(lengths[s] >= 1 && lengths[s] <= block_table.size(1) * block_size, "seq_lens",
+                 "holds " + std::to_string(lengths[s]) + ", outside the block table's 1 to " +
+                     std::to_string(block_table.size(1) * block_size) + " positions");
+    const int32_t *row = block_table.data_ptr<int32_t>() + s * block_table.stride(0);
+    for (int64_t b = 0; b < (lengths[s] + block_size - 1) / block_size; b++)
+      args.require(row[b] >= 0 && row[b] < pages, "block_table",
+                   "holds page " + std::to_string(row[b]) + ", outside the cache's " + std::to_string(pages));
+  }
+  tandem_decode_attention(k_cache.data_ptr(), v_cache.data_ptr(), bf16(k_cache), k_cache.stride(0), k_cache.stride(1),
+                          k_cache.stride(2), args.count("k_cache", block_size), block_table.data_ptr<int32_t>(),
+                          block_table.stride(0), lengths, args.count("q", seqs), args.count("q", q_heads),
+                          args.count("k_cache", kv_heads), args.count("q", head_dim), q.data_ptr<float>(), q_bf16,
+                          static_cast<float>(scale), out.data_ptr<float>(), threads());
+}
+
+void silu_and_mul(const Tensor &gate, const Tensor &up, const Tensor &out) {
+  const Args args("silu_and_mul");
+  args.tensor("gate", gate, kNative, 2);
+  args.contiguous_from("gate", gate, 1);
+  rows_like(args, "up", up, gate, "gate");
+  rows_like(args, "out", out, gate, "gate");
+  args.contiguous("out", out);
+  tandem_silu_and_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), bf16(gate),
+                      args.count("gate", gate.size(0)), args.count("gate", gate.size(1)), threads());
+}
+
+void store_kv(const Tensor &key, const Tensor &value, const Tensor &k_cache, const Tensor &v_cache,
+              const Tensor &slots) {
+  const Args args("store_kv");
+  const auto any = {key.scalar_type()};  // row copies: any dtype, the same everywhere
+  args.tensor("key", key, any, 3);
+  args.contiguous_from("key", key, 2);
+  const int64_t tokens = key.size(0), kv_heads = key.size(1), head_dim = key.size(2);
+  args.tensor("value", value, any, 3);
+  args.shape("value", value, key.sizes());
+  args.contiguous_from("value", value, 2);
+  check_cache(args, "k_cache", k_cache, k_cache, any);
+  check_cache(args, "v_cache", v_cache, k_cache, any);
+  args.require(k_cache.size(2) == kv_heads && k_cache.size(3) == head_dim, "k_cache",
+               "must have the KV heads and head dim of 'key', got shape " + c10::str(k_cache.sizes()));
+  args.tensor("slots", slots, {ScalarType::Long}, 1);
+  args.shape("slots", slots, {tokens});
+  args.contiguous("slots", slots);
+  args.slots("slots", slots, k_cache.size(0) * k_cache.size(1));
+  tandem_store_kv(key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0), value.stride(1),
+                  k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                  args.count("k_cache", k_cache.size(1)), slots.data_ptr<int64_t>(), args.count("key", tokens),
+                  args.count("key", kv_heads), args.count("key", head_dim), static_cast<int>(key.element_size()),
+                  threads());
+}
+
+int64_t panel_gemm_dtypes() { return tandem_panel_gemm_dtypes(); }
+
+bool amx_ready() { return tandem_amx_ready() != 0; }
+
+}  // namespace
+
+TORCH_LIBRARY(tandem, m) {
+  m.def("ssm_state_update(Tensor(a!) states, Tensor slots, Tensor x, Tensor dt, Tensor? dt_bias, bool clamp, "
+        "float dt_min, float dt_max, Tensor A, Tensor B, Tensor C, Tensor D, Tensor(b!) y) -> ()");
+  m.def("conv_update(Tensor(a!) states, Tensor slots, Tensor x, Tensor weight, Tensor? bias, bool silu, "
+        "Tensor(b!) out) -> ()");
+  m.def("ssm_scan(Tensor(a!) states, Tensor slots, Tensor starts, Tensor resume, Tensor x, Tensor dt, "
+        "Tensor decays, Tensor B, Tensor C, Tensor D, Tensor(b!) y) -> ()");
+  m.def("conv_fn(Tensor(a!) states, Tensor slots, Tensor starts, Tensor resume, Tensor x, Tensor weight_t, "
+        "Tensor? bias, bool silu, Tensor(b!) out) -> ()");
+  m.def("rms_norm(Tensor x, Tensor? z, Tensor weight, float eps, int group_size, Tensor(a!) out) -> ()");
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin, Tensor(a!) out) -> ()");
+  m.def("gemv(Tensor weight, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("small_gemm(Tensor weight, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("panel_gemm(Tensor panels, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("amx_gemm(Tensor panels, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("decode_attention(Tensor q, bool q_bf16, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+        "Tensor seq_lens, float scale, Tensor(a!) out) -> ()");
+  m.def("silu_and_mul(Tensor gate, Tensor up, Tensor(a!) out) -> ()");
+  m.def("store_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots) -> ()");
+  // What this build runs, for the launchers' choices: no tensors, so one kernel for every dispatch key.
+  m.def("panel_gemm_dtypes() -> int", &panel_gemm_dtypes);
+  m.def("amx_ready() -> bool", &amx_ready);
+}
+
+TORCH_LIBRARY_IMPL(tandem, CPU, m) {
+  m.impl("ssm_state_update", &ssm_state_update);
+  m.impl("conv_update", &conv_update);
+  m.impl("ssm_scan", &ssm_scan);
+  m.impl("conv_fn", &conv_fn);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rotary", &rotary);
+  m.impl("gemv", &gemv);
+  m.impl("small_gemm", &small_gemm);
+  m.impl("panel_gemm", &panel_gemm);
+  m.impl("amx_gemm", &amx_gemm);
+  m.impl("decode_attention", &decode_attention);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("store_kv", &store_kv);
+}

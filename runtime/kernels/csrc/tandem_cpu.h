@@ -1,0 +1,68 @@
+/* The C core of Tandem's native CPU kernels (cpu_native.c): its constants and functions, one statement
+ * of each. ops.cpp checks every tensor against these contracts and registers the torch operators
+ * (tandem::...); cpu_native.py reads the constants from this file, so they are written once.
+ *
+ * The functions trust their arguments: pointers and strides are in elements, slots and pages index the
+ * pools the caller addresses, and num_threads is OpenMP's team size. */
+#ifndef TANDEM_CPU_H
+#define TANDEM_CPU_H
+
+#include <stdint.h>
+
+#define TANDEM_GEMV_MAX_ROWS 4    /* rows of x tandem_gemv takes: its accumulators live in registers */
+#define TANDEM_PANEL 32           /* output features per panel of packed weights (panel_gemm, amx_gemm) */
+#define TANDEM_AMX_K_MULTIPLE 32  /* amx_gemm's K: whole tiles of 32 bfloat16 values */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void tandem_ssm_state_update(void *states, int bf16, int64_t slot_stride, int64_t head_stride,
+                             const int64_t *slots, int num_seqs, int num_heads, int head_dim, int d_state,
+                             int num_groups, int in_bf16, const void *x, int64_t x_stride, const void *dt,
+                             int64_t dt_stride, const float *dt_bias, int clamp, float dt_min, float dt_max,
+                             const float *A, const void *B, int64_t b_stride, const void *C, int64_t c_stride,
+                             const float *D, void *y, int y_bf16, int num_threads);
+void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64_t *slots, int num_seqs, int dim,
+                        int width, const void *x, int x_bf16, int64_t x_stride, const float *weight,
+                        const float *bias, int silu, void *out, int num_threads);
+void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_stride, const int64_t *slots,
+                     const int32_t *starts, const uint8_t *resume, int num_seqs, int num_heads, int head_dim,
+                     int d_state, int num_groups, const void *x, int x_bf16, int64_t x_stride, const float *dt,
+                     const float *decays, const float *B, const float *C, const float *D, void *y, int y_bf16,
+                     int num_threads);
+void tandem_conv_fn(void *states, int bf16, int64_t slot_stride, const int64_t *slots, const int32_t *starts,
+                    const uint8_t *resume, int num_seqs, int dim, int width, const void *x, int x_bf16,
+                    int64_t x_stride, const float *weight_t, const float *bias, int silu, void *out,
+                    int num_threads);
+void tandem_rms_norm(const void *x, int64_t x_stride, const void *z, int64_t z_stride, const void *weight,
+                     void *out, int bf16, int rows, int dim, int group_size, float eps, int num_threads);
+void tandem_rotary(const void *x, int64_t token_stride, int64_t head_stride, const void *cos, const void *sin,
+                   void *out, int bf16, int tokens, int heads, int head_dim, int rotary_dim, int num_threads);
+void tandem_gemv(const void *w, int bf16, const float *x, const float *bias, float *y, int M, int N, int K,
+                 int num_threads);
+void tandem_small_gemm(const void *w, int bf16, const float *x, const float *bias, float *y, int M, int N, int K,
+                       int num_threads);
+int tandem_panel_gemm_dtypes(void);
+void tandem_panel_gemm(const void *w, int bf16, const void *x, int64_t x_stride, const float *bias, void *y,
+                       int y_bf16, int M, int N, int K, int num_threads);
+int tandem_amx_ready(void);
+void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, const float *bias, uint16_t *y,
+                     int M, int N, int K, int num_threads);
+void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t page_stride, int64_t token_stride,
+                             int64_t head_stride, int block_size, const int32_t *block_table, int64_t table_stride,
+                             const int32_t *seq_lens, int num_seqs, int num_q_heads, int num_kv_heads, int head_dim,
+                             const float *q, int q_bf16, float scale, float *out, int num_threads);
+void tandem_silu_and_mul(const void *gate, int64_t gate_stride, const void *up, int64_t up_stride, void *out,
+                         int bf16, int rows, int dim, int num_threads);
+void tandem_store_kv(const void *key, int64_t key_token_stride, int64_t key_head_stride, const void *value,
+                     int64_t value_token_stride, int64_t value_head_stride, void *k_cache, void *v_cache,
+                     int64_t page_stride, int64_t token_stride, int64_t head_stride, int block_size,
+                     const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int elem_bytes,
+                     int num_threads);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
