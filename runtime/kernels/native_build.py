@@ -2,10 +2,11 @@
 over it, `tandem::...`), compiled on first use into one library and loaded with torch.ops.load_library.
 
 The library is built for the CPU it runs on (`-march=native` on x86, `-mcpu=native` on ARM), so it is cached
-under a key of the sources, the compilers, the flags, the torch version and this CPU's instruction-set
-features, in ~/.cache/tandem/native (TANDEM_CACHE_DIR moves it). A home directory shared by machines of
-different CPU generations then holds one library per generation, and each library records the features it
-was built for: one whose features this CPU lacks is never loaded (it would die on an illegal instruction).
+under a key of the sources, the flags, the torch version and this CPU's instruction-set features, in
+~/.cache/tandem/native (TANDEM_CACHE_DIR moves it). A home directory shared by machines of different CPU
+generations then holds one library per generation, and each library records the features it was built for:
+one whose features this CPU lacks is never loaded (it would die on an illegal instruction). A cached library
+loads without a compiler (a container image with a warm cache).
 
 Without a C and a C++ compiler, or where the build fails, the kernels' torch references run instead, with one
 warning that says so (the compiler's own message included); TANDEM_CPU_NATIVE=0 chooses the references
@@ -48,16 +49,19 @@ def enabled() -> bool:
 def load() -> bool:
     """Build (or find) the library for this CPU and load its operators; False, with a warning, where it
     cannot be had here."""
-    compilers = _compilers()
-    if compilers is None:
-        logger.warning("no C/C++ compiler found (cc and c++, or $CC and $CXX): %s; install gcc and g++ to "
-                       "build the native CPU kernels", LOST)
-        return False
-    try:
-        path = _build(*compilers)
-    except _BuildFailed as err:
-        logger.warning("the native CPU kernels did not build: %s; %s.\n%s", err.command, LOST, err.output)
-        return False
+    features = cpu_features()
+    path = library_path(features)
+    if not usable(path, features):
+        compilers = _compilers()
+        if compilers is None:
+            logger.warning("no C/C++ compiler found (cc and c++, or $CC and $CXX): %s; install gcc and g++ to "
+                           "build the native CPU kernels", LOST)
+            return False
+        try:
+            _build(path, features, *compilers)
+        except _BuildFailed as err:
+            logger.warning("the native CPU kernels did not build: %s; %s.\n%s", err.command, LOST, err.output)
+            return False
     torch.ops.load_library(str(path))
     return True
 
@@ -100,13 +104,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE_DIR") or Path.home() / ".cache" / "tandem") / "native"
 
 
-def library_path(compilers: tuple[str, str], features: frozenset[str]) -> Path:
-    """Where the library for these compilers and this CPU lies (or will)."""
+def library_path(features: frozenset[str]) -> Path:
+    """Where the library for a CPU of these features lies (or will)."""
     c_flags, cxx_flags = flags()
     key = hashlib.sha256()
     for source in (C_SOURCE, CXX_SOURCE, HEADER):
         key.update(source.read_bytes())
-    key.update(" ".join([*compilers, *c_flags, *cxx_flags, torch.__version__, *sorted(features)]).encode())
+    key.update(" ".join([*c_flags, *cxx_flags, torch.__version__, *sorted(features)]).encode())
     return cache_dir() / f"libtandem_cpu-{key.hexdigest()[:16]}.so"
 
 
@@ -136,12 +140,8 @@ def _torch_includes() -> list[str]:
     return [str(include), str(include / "torch" / "csrc" / "api" / "include")]
 
 
-def _build(cc: str, cxx: str) -> Path:
-    """The library for these compilers and this CPU, compiled unless a usable one is cached."""
-    features = cpu_features()
-    target = library_path((cc, cxx), features)
-    if usable(target, features):
-        return target
+def _build(target: Path, features: frozenset[str], cc: str, cxx: str) -> None:
+    """Compile the library for a CPU of these features into `target`."""
     target.parent.mkdir(parents=True, exist_ok=True)
     c_flags, cxx_flags = flags()
     torch_lib = Path(torch.__file__).parent / "lib"
@@ -157,7 +157,6 @@ def _build(cc: str, cxx: str) -> Path:
         Path(scratch, "manifest.json").write_text(json.dumps(manifest, indent=1))
         os.replace(Path(scratch, "manifest.json"), target.with_suffix(".json"))
         os.replace(built, target)
-    return target
 
 
 def _run_all(commands: list[list[str]]) -> None:

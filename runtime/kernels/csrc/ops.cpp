@@ -385,11 +385,11 @@ int64_t check_panels(const Args &args, const Tensor &panels, const Tensor &x, co
 void panel_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
   const Args args("panel_gemm");
   const int64_t out_features = check_panels(args, panels, x, y);
+  args.optional("bias", bias, ScalarType::Float, {out_features});
   const int supported = tandem_panel_gemm_dtypes();
   args.require(supported & (bf16(panels) ? 2 : 1), "panels",
                std::string("has a dtype this CPU's build has no panel kernel for: ") +
                    c10::toString(panels.scalar_type()));
-  args.optional("bias", bias, ScalarType::Float, {out_features});
   tandem_panel_gemm(panels.data_ptr(), bf16(panels), x.data_ptr(), x.stride(0), pointer<float>(bias), y.data_ptr(),
                     bf16(y), args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)),
                     threads());
@@ -402,8 +402,8 @@ void amx_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias,
   args.require(x.size(1) % TANDEM_AMX_K_MULTIPLE == 0, "x",
                "must have a multiple of " + std::to_string(TANDEM_AMX_K_MULTIPLE) + " columns, got " +
                    std::to_string(x.size(1)));
-  args.require(tandem_amx_ready(), "panels", "cannot run on AMX tiles here (no AMX, or Linux refused its state)");
   args.optional("bias", bias, ScalarType::Float, {out_features});
+  args.require(tandem_amx_ready(), "panels", "cannot run on AMX tiles here (no AMX, or Linux refused its state)");
   tandem_amx_gemm(static_cast<const uint16_t *>(panels.data_ptr()), static_cast<const uint16_t *>(x.data_ptr()),
                   x.stride(0), pointer<float>(bias), static_cast<uint16_t *>(y.data_ptr()),
                   args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)), threads());
