@@ -60,6 +60,29 @@ def test_block_names_chain_the_whole_prefix(hybrid):
     assert prefix.hashes(a)[:3] == prefix.hashes(b) and len(prefix.hashes(a)) == 4
 
 
+def test_a_block_name_covers_every_token_of_its_block(hybrid):
+    prefix = PrefixCache(hybrid, 4)
+    tokens = list(range(1, 13))
+    names = prefix.hashes(seq(tokens))
+    for i in range(len(tokens)):
+        changed = seq([*tokens[:i], 99, *tokens[i + 1:]])
+        # The blocks before the changed token keep their names; its own block and every later one are renamed.
+        assert prefix.hashes(changed)[: i // 4] == names[: i // 4]
+        assert not set(prefix.hashes(changed)[i // 4 :]) & set(names), f"token {i} is not in its block's name"
+
+
+def test_a_sequence_finds_only_the_blocks_before_its_first_different_token(tmp_path):
+    layout = layout_of(tmp_path, LLAMA)
+    size = layout.block_size
+    cache = manager(layout, num_pages=16)
+    first = seq(range(1, 3 * size + 2))
+    compute(cache, first, first.num_tokens)
+    for i in (0, size - 1, size, 2 * size - 1):  # the first and last token of a block
+        tokens = list(range(1, 3 * size + 2))
+        tokens[i] = 9999
+        assert cache.lookup(seq(tokens, "1")).num_tokens == i // size * size, i
+
+
 def test_prefix_block_size():
     from runtime.cache.layout import CacheLayout
 
