@@ -128,3 +128,35 @@ def test_a_batch_size_seen_once_is_not_captured(tiny_checkpoint):
     assert graphs.seen == {1} and not graphs.graphs
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert list(graphs.graphs) == [1]
+
+
+def run_requests(llm, requests: list[tuple[int, int]]) -> tuple[list, set[int]]:
+    """Run (prompt length, new tokens) requests to their end, prompts of distinct tokens; returns each one's tokens
+    and logprobs, and the state pages its sequences held while running."""
+    engine, outputs, pages = llm.engine, {}, set()
+    ids = [engine.add_request({"prompt_token_ids": list(range(7 * i + 5, 7 * i + 5 + n))},
+                              SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, logprobs=3))
+           for i, (n, new) in enumerate(requests)]
+    while engine.has_unfinished():
+        outputs.update((out.request_id, out) for out in engine.step())
+        pages.update(page for seq in engine.scheduler.running for page in seq.state_pages)
+    return [(outputs[i].outputs[0].token_ids, logprobs(outputs[i])) for i in ids], pages
+
+
+@pytest.mark.parametrize("name", ["bamba", "mamba2"])
+def test_a_graph_replays_for_other_sequences_in_other_state_pages(tiny_checkpoint, name):
+    # A graph is captured for two sequences; two others, whose states live in other pages, replay it later.
+    # A replay that kept the captured page ids would read and write the first pair's states.
+    directory, _ = tiny_checkpoint(name)
+    # The two 1-token requests, admitted first, take the pages the first pair freed.
+    first, second = [(9, 8), (20, 8)], [(4, 1), (6, 1), (30, 10), (13, 10)]
+    results = []
+    for enforce_eager in (True, False):
+        llm = LLM(str(directory), dtype="float32", max_num_seqs=4, enforce_eager=enforce_eager)
+        outputs, first_pages = run_requests(llm, first)
+        graphs = llm.engine.runner.graphs
+        assert enforce_eager or sorted(graphs.graphs) == [2]
+        second_outputs, second_pages = run_requests(llm, second)
+        assert first_pages and not first_pages & second_pages
+        results.append((outputs, second_outputs))
+    assert results[1] == results[0]

@@ -60,6 +60,29 @@ def test_block_names_chain_the_whole_prefix(hybrid):
     assert prefix.hashes(a)[:3] == prefix.hashes(b) and len(prefix.hashes(a)) == 4
 
 
+def test_a_block_name_covers_every_token_of_its_block(hybrid):
+    prefix = PrefixCache(hybrid, 4)
+    tokens = list(range(1, 13))
+    names = prefix.hashes(seq(tokens))
+    for i in range(len(tokens)):
+        changed = seq([*tokens[:i], 99, *tokens[i + 1:]])
+        # The blocks before the changed token keep their names; its own block and every later one are renamed.
+        assert prefix.hashes(changed)[: i // 4] == names[: i // 4]
+        assert not set(prefix.hashes(changed)[i // 4 :]) & set(names), f"token {i} is not in its block's name"
+
+
+def test_a_sequence_finds_only_the_blocks_before_its_first_different_token(tmp_path):
+    layout = layout_of(tmp_path, LLAMA)
+    size = layout.block_size
+    cache = manager(layout, num_pages=16)
+    first = seq(range(1, 3 * size + 2))
+    compute(cache, first, first.num_tokens)
+    for i in (0, size - 1, size, 2 * size - 1):  # the first and last token of a block
+        tokens = list(range(1, 3 * size + 2))
+        tokens[i] = 9999
+        assert cache.lookup(seq(tokens, "1")).num_tokens == i // size * size, i
+
+
 def test_prefix_block_size():
     from runtime.cache.layout import CacheLayout
 
@@ -194,3 +217,62 @@ def test_reset_forgets_everything_and_keeps_pages_in_use(hybrid):
     compute(cache, first, 4)
     cache.free(first)
     assert cache.num_free_pages == 20 and not any(cache._refs)
+
+
+# Bookkeeping outcomes asserted here, not left to the runtime's own asserts (`python -O` removes those).
+
+
+def test_a_shared_block_leaves_the_free_queue_and_is_never_handed_out_again(tmp_path):
+    layout = layout_of(tmp_path, LLAMA)
+    size = layout.block_size
+    cache = manager(layout, num_pages=8)
+    first = seq(range(1, 2 * size + 2))
+    compute(cache, first, first.num_tokens)
+    cached = first.block_tables[0][:2]
+    cache.free(first)
+    assert cache.num_free_pages == 8 and cache.num_cached_pages == 2
+    second = seq(range(1, 2 * size + 2), "1")
+    compute(cache, second, second.num_tokens - cache.lookup(second).num_tokens)
+    assert second.block_tables[0][:2] == cached
+    assert cache.num_free_pages == 8 - 3  # the two cached blocks it shares and a new third one
+    # Every page left goes to a third sequence: none that `second` holds.
+    third = seq(range(500, 500 + 5 * size), "2")
+    assert cache.can_admit(third, cache.lookup(third), third.num_tokens)
+    compute(cache, third, third.num_tokens)
+    assert not set(third.block_tables[0]) & set(second.block_tables[0])
+    assert cache.num_free_pages == 0 and not cache.can_admit(seq([9], "3"), cache.lookup(seq([9], "3")), 1)
+    cache.free(second)
+    cache.free(third)
+    assert cache.num_free_pages == 8 and not any(cache._refs)
+
+
+def decode(scheduler: Scheduler) -> list[Sequence]:
+    """One scheduled step, and a new token for each sequence whose prompt is done; returns the step's sequences."""
+    batch = scheduler.schedule()
+    scheduler.update(batch)
+    for s in batch.seqs:
+        if s.num_computed_tokens == s.num_tokens:
+            s.output_token_ids.append(7)
+    return batch.seqs
+
+
+def test_a_preempted_sequence_keeps_no_pages_and_nothing_computed(tmp_path):
+    layout = layout_of(tmp_path, LLAMA)
+    size = layout.block_size
+    cache = manager(layout, num_pages=4)
+    scheduler = Scheduler(cache, SchedulerLimits(max_num_seqs=2, max_num_batched_tokens=4 * size))
+    first, second = seq(range(1, size + 1)), seq(range(100, 100 + size + 1), "1")
+    scheduler.add(first)
+    scheduler.add(second)
+    while len(decode(scheduler)) == 2:
+        pass  # two pages each, then `first` needs a third: the last admitted is preempted
+    assert scheduler.running == [first] and list(scheduler.waiting) == [second]
+    assert second.num_computed_tokens == 0 and not second.has_pages and second.num_preemptions == 1
+    assert second.num_uncomputed_tokens == second.num_tokens and second.output_token_ids
+    assert cache.num_free_pages == 4 - len(first.block_tables[0])
+    # Readmitted, it computes its whole text again, less what it finds cached.
+    scheduler.finish(first, "length")
+    assert decode(scheduler) == [second]
+    assert second.num_computed_tokens == second.num_tokens - 1 and second.num_preemptions == 1
+    scheduler.finish(second, "length")
+    assert cache.num_free_pages == 4 and not any(cache._refs)

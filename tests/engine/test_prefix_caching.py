@@ -131,6 +131,36 @@ def check_exact_repeat(on, off, extra: int) -> None:
     assert_all_free_after_reset(on)
 
 
+def other_token(token: int) -> int:
+    return 3 + (token - 3 + 1) % (VOCAB - 3)
+
+
+def test_prompts_that_differ_only_at_a_blocks_last_token_share_only_the_blocks_before_it(on, off):
+    # A block name that left out any of its tokens (the last, by an off-by-one) would give the second
+    # prompt the first one's KV pages or state snapshot at 3 blocks: wrong tokens.
+    size = block(on)
+    first = ids(3 * size + 4, seed=9)
+    second = first.copy()
+    second[2 * size - 1] = other_token(first[2 * size - 1])
+    assert assert_same_tokens(on, off, [first]) == [0]
+    # Attention blocks are found one by one: the first is shared. A state resumes only at a snapshot,
+    # and the first prompt left one at its last boundary alone.
+    assert assert_same_tokens(on, off, [second]) == [0 if on.engine.cache.prefix.has_state else size]
+    assert_all_free_after_reset(on)
+
+
+def test_a_block_after_a_different_first_block_is_not_found(on, off):
+    # The same second block after a different first one: a name that left out its parent would give a
+    # model without attention (which resumes at any snapshot, not block by block) the first prompt's state.
+    size = block(on)
+    tail = ids(size + 3, seed=11)
+    first, second = ids(size, seed=12) + tail, ids(size, seed=13) + tail
+    assert assert_same_tokens(on, off, [first]) == [0]
+    assert on.engine.cache.num_cached_pages > 0
+    assert assert_same_tokens(on, off, [second]) == [0]
+    assert_all_free_after_reset(on)
+
+
 def test_reset_forgets_every_prefix(on, off):
     prompt = ids(3 * block(on) + 1, seed=4)
     assert_same_tokens(on, off, [prompt])

@@ -50,6 +50,46 @@ GREEDY = [
 ]
 
 
+# The output holds token 5 three times and token 7 once; token 1 and a fourth 5 are in the prompt only.
+HISTORY = ([1, 5], [5, 5, 7, 5])
+# (options, hand-computed change to each logit): presence is taken once per distinct output token,
+# frequency once per occurrence in the output; the prompt counts for neither.
+PENALTIES = [
+    (dict(presence_penalty=0.5), {5: -0.5, 7: -0.5}),
+    (dict(frequency_penalty=0.5), {5: -1.5, 7: -0.5}),
+    (dict(presence_penalty=0.5, frequency_penalty=0.25), {5: -1.25, 7: -0.75}),
+    (dict(presence_penalty=-1.0, frequency_penalty=2.0), {5: -5.0, 7: -1.0}),
+    (dict(presence_penalty=2.0, frequency_penalty=-0.5), {5: -0.5, 7: -1.5}),
+    ({}, {}),
+]
+
+
+def test_presence_and_frequency_penalties_against_hand_computed_logits():
+    from runtime import logits_processors
+
+    logits = torch.zeros(len(PENALTIES), 8)
+    params = [SamplingParams(**options) for options, _ in PENALTIES]
+    # One batch: each row must get its own penalties.
+    logits_processors.process(logits, params, [[]] * len(params), [HISTORY] * len(params))
+    for row, (options, change) in enumerate(PENALTIES):
+        expected = torch.zeros(8)
+        for token, value in change.items():
+            expected[token] = value
+        assert logits[row].tolist() == expected.tolist(), options
+
+
+def test_presence_and_frequency_penalties_pick_different_greedy_tokens():
+    from runtime.sampler import Sampler
+
+    # Token 5 (3 times in the output) leads token 3 (never seen) by 1.1: a presence penalty of 1 keeps
+    # it first, a frequency penalty of 1 takes 3 from it.
+    logits = torch.zeros(2, 8)
+    logits[:, [5, 3, 7]] = torch.tensor([2.0, 0.9, 1.2])
+    params = [SamplingParams(temperature=0, presence_penalty=1.0), SamplingParams(temperature=0, frequency_penalty=1.0)]
+    out = Sampler()(logits, params, [None, None], [[], []], [HISTORY, HISTORY])
+    assert out.token_ids == [5, 3]
+
+
 @pytest.mark.parametrize("options", GREEDY, ids=lambda o: ",".join(o))
 def test_greedy_tokens_are_the_argmax_of_processed_hf_logits(llm, bamba, options):
     params, output = run(llm, temperature=0, max_tokens=GREEDY_TOKENS, **options)

@@ -49,6 +49,18 @@ def test_v1_needs_the_api_key(guarded):
     assert httpx.post(f"{guarded.url}/reset_prefix_cache", headers=BEARER, timeout=30).status_code == 200
 
 
+def test_only_the_whole_key_is_accepted(guarded):
+    # A key that starts with the server's, or that the server's key starts with, is another key.
+    for key in (f"{KEY}anything", f"{KEY}{KEY}", KEY[:-1], f"{KEY} {KEY}"):
+        with pytest.raises(openai.AuthenticationError, match="a valid API key is required"):
+            client(guarded, key).models.list()
+    for header in (f"Bearer {KEY}anything", f"Bearer {KEY[:-1]}", f"Bearer {KEY}\t{KEY}", KEY, f"Basic {KEY}",
+                   f"BearerX{KEY}", f"Bearer"):
+        response = httpx.get(f"{guarded.url}/v1/models", headers={"Authorization": header}, timeout=30)
+        assert response.status_code == 401, header
+    assert httpx.get(f"{guarded.url}/v1/models", headers=BEARER, timeout=30).status_code == 200
+
+
 def test_health_and_metrics_stay_open(guarded):
     assert httpx.get(f"{guarded.url}/health", timeout=30).status_code == 200
     metrics = guarded.metrics()
