@@ -295,4 +295,6 @@ def _depends_on_values(func, inputs: list[torch.Tensor]) -> bool:
 
 
 def _storage(t: torch.Tensor) -> int:
+    if t.layout != torch.strided:  # an opaque tensor (oneDNN's packed weights) has no storage to share
+        return id(t)
     return t.untyped_storage().data_ptr()
