@@ -192,6 +192,7 @@ class Engine:
                 bad = [t for t in ids if not 0 <= t < vocab]
                 if bad:
                     raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+            params.check_some_token_allowed(self.eos_token_ids)
             if params.seed is not None and not -(2**63) <= params.seed + params.n - 1 < 2**64:
                 raise ValueError(f"seed {params.seed} is out of range; use a 64-bit integer")
             for name in ("logprobs", "prompt_logprobs"):
@@ -298,7 +299,8 @@ class Engine:
         try:
             return _rows(self._sample_rows(seqs, logits, generators))
         except Exception:
-            logger.warning("sampling the batch of %d failed; sampling each request alone", len(seqs), exc_info=True)
+            # Each request that then fails alone logs its own line; the traceback is for debugging only.
+            logger.debug("sampling the batch of %d failed; sampling each request alone", len(seqs), exc_info=True)
         for generator, state in zip(generators, states):
             if generator is not None:
                 generator.set_state(state)
@@ -339,7 +341,9 @@ class Engine:
             self._observe_token(seq, now)
             output = self._emit(seq)
         except Exception as err:
+            # One line per failed request, however many fail; the traceback only when debugging.
             logger.warning("request %s failed: %s: %s", seq.request_id, type(err).__name__, err)
+            logger.debug("request %s failed", seq.request_id, exc_info=err)
             return self._fail(seq, f"{type(err).__name__}: {err}")
         if seq.is_finished:
             self._forget(seq)

@@ -94,10 +94,9 @@ class LLM:
                 self.engine.abort(request_id)
 
     def _submit(self, prompts, sampling_params, stream: bool) -> list[str]:
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
-        params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        params = [params] * len(prompts) if isinstance(params, SamplingParams) else _params_list(params)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
         # Tokenize and validate every prompt before queueing any, so a bad one leaves nothing half-done.
@@ -124,6 +123,29 @@ class LLM:
         finally:
             bar.close()
         return [done[request_id] for request_id in ids]
+
+
+def _prompt_list(prompts: Any) -> list[Prompt]:
+    """`prompts` as a list; anything but a prompt or a list of them is refused here, by name, rather than
+    failing later as a TypeError (None) or being iterated as something else."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)) and all(isinstance(p, (str, dict)) for p in prompts):
+        return list(prompts)
+    raise ValueError("prompts must be a string, a {\"prompt_token_ids\": [...]} dict, or a list of them, "
+                     f"got {_shown(prompts)}")
+
+
+def _params_list(params: Any) -> list[SamplingParams]:
+    # A string is iterable, and would become one "sampling params" per character.
+    if isinstance(params, (list, tuple)) and all(isinstance(p, SamplingParams) for p in params):
+        return list(params)
+    raise ValueError(f"sampling_params must be a SamplingParams, a list of them, or None, got {_shown(params)}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{text if len(text) <= 60 else text[:60] + '...'} ({type(value).__name__})"
 
 
 def render_chat(tokenizer, messages: Seq[dict[str, Any]], chat_template: str | None, add_generation_prompt: bool,

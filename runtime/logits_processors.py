@@ -13,6 +13,8 @@ import torch
 from runtime.sampling_params import SamplingParams
 
 NEG_INF = float("-inf")
+# Far beyond any real logit, yet divided by the smallest temperature that samples (1e-5) still finite in float32.
+PENALISED_LIMIT = 1e30
 
 
 def _pairs(lists: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +74,11 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
     if repeated[0]:
         index, factor = _index(repeated[0], repeated[1], logits.device), _values(repeated[2], logits)
         values = logits[index]
-        logits[index] = torch.where(values > 0, values / factor, values * factor)
+        penalised = torch.where(values > 0, values / factor, values * factor)
+        # A factor like 1e-38 (or 1e38) overflows float32 to inf, whose softmax is nan. Clamping keeps such a
+        # token infinitely (in)attractive next to real logits while the sampler's arithmetic stays finite;
+        # a banned token's -inf stays -inf.
+        logits[index] = torch.where(values.isfinite(), penalised.clamp(-PENALISED_LIMIT, PENALISED_LIMIT), values)
     if added[0]:
         logits.index_put_(_index(added[0], added[1], logits.device), _values(added[2], logits), accumulate=True)
 

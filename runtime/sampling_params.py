@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,12 @@ SAMPLING_EPS = 1e-5
 GENERATION_DEFAULTS: dict[str, Any] = {
     "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None, "max_new_tokens": None,
 }
+
+# The numeric fields and the kind of number each takes; the comparisons in _validate would raise a TypeError
+# naming no field on a string ("0"), and a bool is a mistake rather than a number here.
+INTEGER_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
+REAL_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p")
+OPTIONAL_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop or ()))
@@ -63,7 +71,7 @@ class SamplingParams:
             object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
         if self.logit_bias:
             # As vLLM (and OpenAI): token ids may come as strings, and a bias is clamped to [-100, 100].
-            bias = {_token_id(t, "logit_bias"): min(100.0, max(-100.0, float(b))) for t, b in self.logit_bias.items()}
+            bias = {_token_id(t, "logit_bias"): min(100.0, max(-100.0, _bias(b))) for t, b in self.logit_bias.items()}
             object.__setattr__(self, "logit_bias", bias)
         self._validate()
         if self.temperature < SAMPLING_EPS:
@@ -102,8 +110,6 @@ class SamplingParams:
                 raise ValueError("allowed_token_ids must not be empty; leave it unset to allow every token")
             for t in self.allowed_token_ids:
                 _token_id(t, "allowed_token_ids")
-        if self.logit_bias and any(not math.isfinite(b) for b in self.logit_bias.values()):
-            raise ValueError("logit_bias values must be finite numbers")
 
     @property
     def greedy(self) -> bool:
@@ -113,10 +119,41 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
+    def check_some_token_allowed(self, eos_token_ids: set[int] | frozenset[int]) -> None:
+        """Refuse constraints that leave no token to pick: `allowed_token_ids` all among the tokens that
+        `min_tokens` holds back (the stop token ids, and EOS unless `ignore_eos`). The sampler would have
+        nothing to sample from at the first step; refusing up front says why."""
+        if self.allowed_token_ids is None or self.min_tokens == 0:
+            return
+        held_back = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
+        if set(self.allowed_token_ids) <= held_back:
+            raise ValueError(f"allowed_token_ids {list(self.allowed_token_ids)} are all end-of-sequence or stop "
+                             f"tokens, which min_tokens={self.min_tokens} bans until that many tokens are generated, "
+                             "so no token could be generated; allow another token, or set min_tokens to 0")
+
     def token_ids_to_check(self) -> dict[str, list[int]]:
         """The token ids the engine checks against the vocabulary, by field."""
         return {"stop_token_ids": list(self.stop_token_ids), "logit_bias": list(self.logit_bias or ()),
                 "allowed_token_ids": list(self.allowed_token_ids or ())}
+
+
+def _check_types(params: SamplingParams) -> None:
+    for name in INTEGER_FIELDS + REAL_FIELDS:
+        value = getattr(params, name)
+        kind = numbers.Integral if name in INTEGER_FIELDS else numbers.Real
+        if value is None and name in OPTIONAL_FIELDS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
+            expected = "an integer" if kind is numbers.Integral else "a number"
+            optional = " or None" if name in OPTIONAL_FIELDS else ""
+            raise ValueError(f"{name} must be {expected}{optional}, got {value!r} ({type(value).__name__})")
+
+
+def _bias(value: Any) -> float:
+    """A logit_bias value, checked before the clamp: NaN would clamp to -100 and infinity to 100."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"logit_bias values must be finite numbers, got {value!r}")
+    return float(value)
 
 
 def _token_id(value: Any, name: str) -> int:

@@ -65,6 +65,8 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"characters per stop string at most (default {defaults.max_stop_string_chars})")
     parser.add_argument("--max-chat-messages", type=int, default=defaults.max_chat_messages,
                         help=f"messages per chat request at most (default {defaults.max_chat_messages})")
+    parser.add_argument("--max-n", type=int, default=defaults.max_n,
+                        help=f"choices per prompt (`n`) at most (default {defaults.max_n})")
     parser.add_argument("--request-read-timeout", type=float, default=defaults.request_read_timeout,
                         help="seconds a client gets to send a whole request, or its connection is closed "
                              f"(default {defaults.request_read_timeout:g})")
@@ -83,7 +85,8 @@ def server_limits(args: argparse.Namespace):
 
     return ServerLimits(max_request_bytes=args.max_request_bytes, max_prompt_chars=args.max_prompt_chars,
                         max_stop_strings=args.max_stop_strings, max_stop_string_chars=args.max_stop_string_chars,
-                        max_chat_messages=args.max_chat_messages, request_read_timeout=args.request_read_timeout,
+                        max_chat_messages=args.max_chat_messages, max_n=args.max_n,
+                        request_read_timeout=args.request_read_timeout,
                         timeout_keep_alive=args.timeout_keep_alive)
 
 

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from runtime.server import metrics
@@ -18,10 +19,17 @@ from runtime.server.completions import create_completion
 from runtime.server.connections import with_read_deadline
 from runtime.server.errors import error_response, install_error_handlers
 from runtime.server.middleware import Guard
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList
 from runtime.server.state import ServerState
 
 router = APIRouter()
+
+# What the generation routes answer besides 200, for the OpenAPI schema (FastAPI's own 422 is never sent: a
+# request that fails validation gets a 400).
+ERRORS = {status: {"model": ErrorResponse, "description": description} for status, description in (
+    (400, "a bad request: the message names the field"), (401, "no valid API key (with --api-key)"),
+    (404, "another model than the served one"), (413, "a body over --max-request-bytes"),
+    (500, "an error inside the engine"), (503, "the waiting queue is full, or the server is shutting down"))}
 
 
 def _state(request: Request) -> ServerState:
@@ -44,7 +52,7 @@ async def models(request: Request) -> ModelList:
     return ModelList(data=[card])
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def prometheus_metrics(request: Request) -> PlainTextResponse:
     state = _state(request)
     return PlainTextResponse(metrics.render(state.engine.stats, state.http_responses, state.model_name),
@@ -55,15 +63,15 @@ async def prometheus_metrics(request: Request) -> PlainTextResponse:
 async def reset_prefix_cache(request: Request) -> Response:
     """Forget every cached prefix (vLLM's endpoint); requests in flight keep their pages."""
     await _state(request).engine.call(_state(request).engine.engine.reset_prefix_cache)
-    return Response(status_code=200)
+    return JSONResponse({"status": "ok"})
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=ERRORS)
 async def completions(body: CompletionRequest, request: Request) -> Response:
     return await create_completion(_state(request), body, request)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=ERRORS)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     return await create_chat_completion(_state(request), body, request)
 
@@ -84,10 +92,24 @@ def build_app(state: ServerState, enable_openapi: bool = False) -> FastAPI:
     docs = {} if enable_openapi else {"openapi_url": None, "docs_url": None, "redoc_url": None}
     app = FastAPI(title="Tandem", lifespan=lifespan, **docs)
     app.state.server = state
+    app.openapi = lambda: openapi_schema(app)
     install_error_handlers(app)
     app.include_router(router)
     app.add_middleware(Guard, state=state, paths=frozenset(route.path for route in router.routes))
     return app
+
+
+def openapi_schema(app: FastAPI) -> dict:
+    """FastAPI's schema, less the 422 it documents for every route with a body (ERRORS says what is sent)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 class GracefulServer(uvicorn.Server):

@@ -190,10 +190,7 @@ class AsyncEngine:
         try:
             if self._stopped:
                 raise EngineStopped("the server is shutting down")
-            if self.engine.stats().num_waiting >= self.max_waiting:
-                self._rejected += 1
-                raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests, the --max-waiting limit); "
-                                "retry later")
+            self._check_waiting(params.n)
             self._check_token_ids(params)
             self.engine.add_request(prompt, params, handle.request_id, stream=stream)
         except Exception as err:
@@ -201,6 +198,16 @@ class AsyncEngine:
             return
         self._handles[handle.request_id] = handle
         handle.settle(None)
+
+    def _check_waiting(self, n: int) -> None:
+        """Room in the waiting queue for the request's `n` sequences, each of which waits on its own."""
+        if 0 < self.max_waiting < n:
+            raise InvalidField(f"n: {n} choices, more sequences than may ever wait at once (the server's "
+                               f"--max-waiting limit of {self.max_waiting})", "n")
+        if self.engine.stats().num_waiting + n > self.max_waiting:
+            self._rejected += 1
+            raise QueueFull(f"the waiting queue is full ({self.max_waiting} sequences, the --max-waiting limit); "
+                            "retry later")
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         # The sampler indexes the logits with these ids: one outside the vocabulary would fail the step
@@ -210,6 +217,10 @@ class AsyncEngine:
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise InvalidField(f"{name}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", name)
+        try:
+            params.check_some_token_allowed(self.engine.eos_token_ids)
+        except ValueError as err:
+            raise InvalidField(str(err), "allowed_token_ids") from None
 
     def _abort(self, request_id: str) -> None:
         if self._handles.pop(request_id, None) is not None:

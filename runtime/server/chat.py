@@ -41,7 +41,7 @@ async def render_prompt(state: ServerState, body: ChatCompletionRequest) -> dict
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
     state.check_request(body)
     params = body.sampling_params(state.sampling_defaults)
-    state.limits.check_stop(params.stop)
+    state.limits.check_params(params)
     prompt = await render_prompt(state, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     handle = await state.engine.add(prompt, params, request_id, stream=body.stream)

@@ -23,7 +23,7 @@ from runtime.server.streaming import EventStream, TextDeltas, guarded, merged, r
 async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
     state.check_request(body)
     params = body.sampling_params(state.sampling_defaults)
-    state.limits.check_stop(params.stop)
+    state.limits.check_params(params)
     prompts = []
     for prompt in body.engine_prompts():
         if isinstance(prompt, str):

@@ -80,7 +80,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
         # Starlette's own: unknown paths (404), wrong methods (405).
-        return error_response(err.status_code, f"{err.detail}: {request.method} {request.url.path}")
+        response = error_response(err.status_code, f"{err.detail}: {request.method} {request.url.path}")
+        response.headers.update(err.headers or {})  # a 405's Allow: the methods the path takes
+        return response
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> JSONResponse:

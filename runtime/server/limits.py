@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.sampling_params import SamplingParams
 from runtime.server.protocol import InvalidField
 
 # A token of a real vocabulary spans a few characters; a prompt longer than max_model_len times this
@@ -23,13 +24,15 @@ class ServerLimits:
     max_stop_strings: int = 64
     max_stop_string_chars: int = 1024
     max_chat_messages: int = 1024
+    # Choices per prompt (`n`): each is a sequence of its own, and 100,000 of them stall every other stream.
+    max_n: int = 128
     # Seconds a client gets to send a request's headers and body; then the connection is closed.
     request_read_timeout: float = 30.0
     # Seconds an idle keep-alive connection stays open (uvicorn's timeout_keep_alive).
     timeout_keep_alive: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_stop_strings", "max_stop_string_chars", "max_chat_messages"):
+        for name in ("max_request_bytes", "max_stop_strings", "max_stop_string_chars", "max_chat_messages", "max_n"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
@@ -40,6 +43,12 @@ class ServerLimits:
 
     def prompt_chars(self, max_model_len: int) -> int:
         return self.max_prompt_chars if self.max_prompt_chars is not None else max_model_len * DEFAULT_CHARS_PER_TOKEN
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The limits on a request's sampling parameters: its stop strings and its `n`."""
+        self.check_stop(params.stop)
+        if params.n > self.max_n:
+            raise InvalidField(f"n: {params.n} choices, more than the server's limit of {self.max_n} (--max-n)", "n")
 
     def check_stop(self, stop: tuple[str, ...]) -> None:
         if len(stop) > self.max_stop_strings:

@@ -35,6 +35,10 @@ class Guard:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if status == 413:
+                    # The rest of the body is not wanted: closing is the only way not to read it (a chunked body
+                    # could go on until the read deadline, 187 MiB of it in a test).
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
         try:
