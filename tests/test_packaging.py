@@ -1,6 +1,9 @@
-"""The install pulls what the runtime needs; the docs toolchain is an extra that the test extra includes."""
+"""The install pulls what the runtime needs; the docs toolchain and Triton are extras that the test extra includes."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,37 @@ def test_only_the_mkdocs_hook_imports_mkdocs():
             if any(m.split(".")[0] in ("mkdocs", "material", "PIL") for m in modules):
                 importers.append(str(path.relative_to(ROOT)))
     assert sorted(set(importers)) == ["matrix/mkdocs_hook.py"]
+
+
+def test_triton_is_an_extra_for_the_gpu_kernels_and_the_tests():
+    extras = project()["optional-dependencies"]
+    assert "triton" not in names(project()["dependencies"])  # about 1 GB that a CPU-only install never runs
+    assert "triton" in names(extras["gpu"])
+    assert "tandem[gpu]" in extras["test"]  # the kernel tests run Triton's interpreter on the CPU
+
+
+# Runs in a child with `import triton` failing, as in a CPU-only install: the engine generates, and
+# asking for the Triton kernels names the extra that brings them.
+WITHOUT_TRITON = """
+import sys
+sys.modules["triton"] = None  # `import triton` raises ImportError
+import torch
+from runtime import LLM, SamplingParams, kernels
+out = LLM().generate(["Tandem is"], SamplingParams(temperature=0, max_tokens=8))
+assert out[0].outputs[0].token_ids, out
+assert kernels.backend == "torch", kernels.backend
+for device in ("cpu", "cuda"):
+    try:
+        kernels.resolve_backend("triton", torch.device(device))
+    except ValueError as e:
+        print(e)
+"""
+
+
+@pytest.mark.slow
+def test_the_cpu_engine_runs_without_triton():
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TRITON], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "TANDEM_KERNEL_BACKEND": "auto"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    refusals = result.stdout.strip().splitlines()[-2:]
+    assert len(refusals) == 2 and all("pip install 'tandem[gpu]'" in line for line in refusals), result.stdout

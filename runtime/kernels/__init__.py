@@ -26,7 +26,8 @@ import torch
 from runtime.config import KERNEL_BACKENDS
 from runtime.hf_config import ConfigError
 from runtime.kernels import cpu_compile, cpu_native
-from runtime.kernels._triton_utils import interpreting, kernels_are_interpreted
+from runtime.kernels._triton_absent import INSTALL_HINT
+from runtime.kernels._triton_utils import TRITON_INSTALLED, interpreting, kernels_are_interpreted
 from runtime.kernels.causal_conv1d import (
     causal_conv1d_fn_ref,
     causal_conv1d_fn_triton,
@@ -130,7 +131,9 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     if choice not in KERNEL_BACKENDS:
         raise ConfigError(f"{source}={choice!r} is not a kernel backend; choose one of {', '.join(KERNEL_BACKENDS)}")
     if choice == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        choice = "triton" if device.type == "cuda" else "torch"
+    if choice == "triton" and not TRITON_INSTALLED:
+        raise ConfigError(f"the triton kernel backend on a {device.type} device: {INSTALL_HINT}")
     if choice == "triton" and device.type != "cuda" and not (interpreting() and kernels_are_interpreted()):
         raise ConfigError(
             f"the triton kernel backend on a {device.type} device needs the Triton interpreter: set "

@@ -8,8 +8,17 @@ narrower type on a GPU (tensor cores); `dot_dtype` picks it per launch.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+
+    TRITON_INSTALLED = True
+except ImportError:  # a CPU-only install: the kernels below are defined but never launched
+    from runtime.kernels import _triton_absent as triton
+
+    tl = triton.language
+    TRITON_INSTALLED = False
 
 _DOT_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 

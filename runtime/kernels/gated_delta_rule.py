@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch import Tensor
 
-from runtime.kernels._triton_utils import dot_dtype, softplus
+from runtime.kernels._triton_utils import dot_dtype, softplus, tl, triton
 from runtime.kernels.common import gather_initial_states, scatter_states
 from runtime.kernels.metadata import MambaPrefillMetadata
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
 from torch import Tensor
+
+from runtime.kernels._triton_utils import tl, triton
 
 # Elements one program of the Triton kernel copies per tensor: a few tokens of Hkv * D each.
 STORE_ELEMENTS = 4096

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
-from runtime.kernels._triton_utils import dot_dtype
+from runtime.kernels._triton_utils import dot_dtype, tl, triton
 from runtime.kernels.metadata import AttentionMetadata
 
 # Decodes are batched in groups whose padded K gather holds at most this many elements (64 MiB of

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch import Tensor
 
 from runtime.kernels import _triton_utils as tu
+from runtime.kernels._triton_utils import tl, triton
 
 # Elements of one program's (tokens x group) tile in the Triton kernel.
 NORM_ELEMENTS = 8192

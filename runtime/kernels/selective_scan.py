@@ -22,11 +22,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch import Tensor
 
 from runtime.kernels import _triton_utils as tu
+from runtime.kernels._triton_utils import tl, triton
 from runtime.kernels.common import NO_DT_LIMIT, gather_initial_states, pass_states, scatter_states, time_step
 from runtime.kernels.metadata import MambaPrefillMetadata
 

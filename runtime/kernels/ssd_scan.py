@@ -17,11 +17,10 @@ decay exp(0) = 1 and input 0. All math is float32.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 
 from runtime.kernels import _triton_utils as tu
+from runtime.kernels._triton_utils import tl, triton
 from runtime.kernels.common import gather_initial_states, pass_states, scatter_states, time_step
 from runtime.kernels.cpu_compile import fused
 from runtime.kernels.metadata import MambaPrefillMetadata

@@ -10,11 +10,10 @@ Math is float32; y uses the float32 state, which is then stored in the pool's dt
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 
 from runtime.kernels import _triton_utils as tu
+from runtime.kernels._triton_utils import tl, triton
 from runtime.kernels.common import time_step
 from runtime.kernels.cpu_compile import fused
 

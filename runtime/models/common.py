@@ -8,7 +8,8 @@ ON_ENGINE = supported()
 NOT_ON_ENGINE = planned("The forward pass has not landed on the engine yet.")
 SINGLE_DEVICE = planned("`tandem plan --tp N` computes per-rank shapes, but these layers are not split over ranks yet.")
 NO_PREFIX_CACHING = planned("Prefix caching is not implemented; the block-size resolver already accounts for it.")
-NO_CUDA_GRAPHS = planned("Decode runs eagerly; CUDA graph capture is not implemented.")
+NO_CUDA_GRAPHS = planned("CUDA graph capture is not implemented: decode runs eagerly on a GPU. CPU decode steps are "
+                         "captured and replayed where every op can be (enforce_eager turns that off).")
 
 
 def capabilities(engine: Support = NOT_ON_ENGINE, **overrides: Support) -> Capabilities:

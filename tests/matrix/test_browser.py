@@ -3,8 +3,11 @@
 Chromium runs with a fontconfig that lists only the DejaVu fonts, so it draws the page the way a
 Linux server or CI image without a colour emoji font does. The supported-models page is read back
 twice: its DOM (status cells, their glyphs and boxes, whether anything is clipped) and a screenshot,
-in which each status cell must show its glyph's own colours, not an empty box. Skips with a
-message where chromium is absent; CI installs it (.ci/run).
+in which each status cell must show its glyph's own colours, not an empty box. The pages with wide
+tables and long code are also laid out at a phone's width (390 px) and a desktop's (1280 px) and
+measured: no code token broken across lines, no note number apart from its glyph, every table inside
+the page or scrolling in its own box. Skips with a message where chromium is absent; CI installs it
+(.ci/run).
 """
 
 import json
@@ -22,6 +25,7 @@ from matrix.glyph_svg import DRAWINGS
 from matrix.vocabulary import MATRIX
 
 WIDTH = 1280  # the narrowest desktop the tables must be readable at
+PHONE = 390  # a phone's CSS width; headless chromium's window is at least 500 wide, so an iframe gives it
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--hide-scrollbars",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -202,8 +206,125 @@ def test_every_status_cell_shows_its_glyphs_colours_without_emoji_fonts(supporte
     assert not missing, "glyphs drawn without their colours (an empty box?):\n" + "\n".join(missing)
 
 
-@pytest.mark.parametrize("page", ["models/supported_models.html", "usage/v1_guide.html", "cache_layout.html",
-                                  "index.html", "models/evidence.html"])
-def test_tables_and_code_blocks_are_not_clipped_at_1280_px(built_site, no_emoji_fonts, page):
-    found = probe(with_probe(built_site / page), no_emoji_fonts)
-    assert found["clipped"] == [], f"{page} at {WIDTH} px clips: {found['clipped']}"
+# Runs in the page after load: how its code, status notes and tables are laid out (see LAYOUT_PAGES).
+LAYOUT_PROBE = r"""
+<script>
+window.addEventListener("load", () => {
+  const article = document.querySelector("article");
+  // Material lets tables and code blocks bleed into the article's side padding, up to .md-content's edges.
+  const bounds = document.querySelector(".md-content").getBoundingClientRect();
+  const short = (el) => el.textContent.trim().replace(/\s+/g, " ").slice(0, 70);
+  const result = {width: window.innerWidth, page_scroll: document.documentElement.scrollWidth - window.innerWidth,
+                  broken_tokens: [], broken_lines: [], split_notes: [], unreadable: [], code_blocks: 0,
+                  inline_codes: 0, notes: 0, tables: 0};
+  // Visual lines of a text node's range: distinct tops of its rects.
+  const tops = (range) => new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+                                      .map(r => Math.round(r.top)));
+  // A code block: each of its source lines on one visual line.
+  for (const code of article.querySelectorAll("pre > code")) {
+    result.code_blocks += 1;
+    const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    let line = "", lineTops = new Set(), node;
+    const flush = () => {
+      if (line.trim() && lineTops.size > 1) result.broken_lines.push(line.trim().slice(0, 70));
+      line = ""; lineTops = new Set();
+    };
+    while ((node = walker.nextNode())) {
+      const text = node.textContent;
+      let start = 0;
+      for (let i = 0; i <= text.length; i++) {
+        if (i === text.length || text[i] === "\n") {
+          if (i > start) {
+            const range = document.createRange();
+            range.setStart(node, start); range.setEnd(node, i);
+            tops(range).forEach(t => lineTops.add(t));
+            line += text.slice(start, i);
+          }
+          if (i < text.length) flush();
+          start = i + 1;
+        }
+      }
+    }
+    flush();
+  }
+  // Inline code: every whitespace-free token on one line.
+  for (const code of article.querySelectorAll(":not(pre) > code")) {
+    result.inline_codes += 1;
+    const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    let node;
+    while ((node = walker.nextNode())) {
+      for (const match of node.textContent.matchAll(/\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, match.index); range.setEnd(node, match.index + match[0].length);
+        if (tops(range).size > 1) result.broken_tokens.push(match[0]);
+      }
+    }
+    const box = code.getBoundingClientRect();
+    if (!code.closest("table") && (box.right > bounds.right + 1 || box.left < bounds.left - 1)) {
+      result.broken_tokens.push(`${short(code)} (past the page's edge)`);
+    }
+  }
+  // A status glyph and the note number right after it: on one line, the number after the glyph.
+  for (const glyph of article.querySelectorAll(".status-glyph")) {
+    const note = glyph.nextElementSibling;
+    if (!note || note.tagName !== "SUP" || glyph.nextSibling !== note) continue;
+    result.notes += 1;
+    const g = glyph.getBoundingClientRect(), n = note.getBoundingClientRect();
+    if (n.top >= g.bottom || n.bottom <= g.top || n.left < g.right - 1) {
+      result.split_notes.push(glyph.dataset.glyph + note.textContent + " in " + short(glyph.closest("tr, li, p")));
+    }
+  }
+  // A table is readable when it lies inside the article or scrolls inside a box that does, and no
+  // cell clips its own text.
+  for (const table of article.querySelectorAll("table")) {
+    result.tables += 1;
+    const box = table.getBoundingClientRect();
+    let scroller = table.parentElement;
+    while (scroller !== article && !["auto", "scroll"].includes(getComputedStyle(scroller).overflowX)) {
+      scroller = scroller.parentElement;
+    }
+    const inside = (r) => r.left >= bounds.left - 1 && r.right <= bounds.right + 1;
+    const ok = inside(box) || (scroller !== article && inside(scroller.getBoundingClientRect()));
+    const clipped = Array.from(table.querySelectorAll("td, th")).filter(c => c.scrollWidth > c.clientWidth + 1);
+    if (!ok || clipped.length) {
+      result.unreadable.push(short(table.querySelector("tr")) + (clipped.length ? ` (clips ${short(clipped[0])})` : ""));
+    }
+  }
+  const message = JSON.stringify(result);
+  document.documentElement.setAttribute("data-probe", message);
+  if (window.parent !== window) window.parent.postMessage(message, "*");
+});
+</script>
+"""
+
+LAYOUT_PAGES = ["models/supported_models.html", "usage/v1_guide.html", "cache_layout.html", "performance.html",
+                "index.html", "models/evidence.html"]
+
+
+def layout(built: Path, env: dict, width: int) -> dict:
+    """LAYOUT_PROBE's findings for `built` at `width` CSS pixels: the page itself at a desktop width, the
+    page in an iframe that wide below chromium's smallest window (its media queries see the iframe)."""
+    page = built.with_name(f"layout_{built.name}")
+    page.write_text(built.read_text(encoding="utf-8").replace("</body>", LAYOUT_PROBE + "</body>"), encoding="utf-8")
+    if width < 500:
+        host = built.with_name(f"frame_{width}_{built.name}")
+        host.write_text(
+            f'<html><body style="margin:0"><iframe src="{page.name}" style="border:0;width:{width}px;height:4000px">'
+            '</iframe><script>addEventListener("message", e => '
+            'document.documentElement.setAttribute("data-probe", e.data));</script></body></html>', encoding="utf-8")
+        page = host
+    found = probe(page, env, height=1000)
+    assert found["width"] == width, f"the page was laid out {found['width']} px wide, not {width}"
+    return found
+
+
+@pytest.mark.parametrize("width", [PHONE, WIDTH])
+@pytest.mark.parametrize("page", LAYOUT_PAGES)
+def test_code_notes_and_tables_stay_readable(built_site, no_emoji_fonts, page, width):
+    found = layout(built_site / page, no_emoji_fonts, width)
+    assert found["code_blocks"] + found["inline_codes"] > 0, found
+    assert found["broken_lines"] == [], f"{page} at {width} px wraps code lines: {found['broken_lines']}"
+    assert found["broken_tokens"] == [], f"{page} at {width} px breaks code tokens: {found['broken_tokens']}"
+    assert found["split_notes"] == [], f"{page} at {width} px puts notes apart from glyphs: {found['split_notes']}"
+    assert found["unreadable"] == [], f"{page} at {width} px has unreadable tables: {found['unreadable']}"
+    assert found["page_scroll"] <= 1, f"{page} at {width} px scrolls sideways by {found['page_scroll']} px"

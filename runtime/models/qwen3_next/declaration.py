@@ -46,9 +46,8 @@ class Qwen3NextDims:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
 
-# What the engine does for every Gated DeltaNet model it runs.
-GATED_DELTANET_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported())
-# Once runtime/distributed/sharding.py splits its layers and tests/distributed/test_tp_parity.py proves it.
+# What the engine does for every Gated DeltaNet model it runs, tensor parallelism included:
+# runtime/distributed/sharding.py splits their layers and tests/distributed/test_tp_parity.py proves it.
 GATED_DELTANET_TP_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                               tensor_parallel=supported())
 
