@@ -160,3 +160,28 @@ def test_a_graph_replays_for_other_sequences_in_other_state_pages(tiny_checkpoin
         assert first_pages and not first_pages & second_pages
         results.append((outputs, second_outputs))
     assert results[1] == results[0]
+
+
+def test_graphs_recorded_against_another_pool_are_dropped(tiny_checkpoint):
+    """A graph replays the page pool it was recorded against: a runner given a new pool records new graphs
+    (replaying the old ones would decode from the old pool's pages)."""
+    from runtime.cache.pool import allocate_pool, bind_pool
+
+    directory, _ = tiny_checkpoint("bamba")
+    llm = LLM(str(directory), max_num_seqs=len(PROMPT_LENGTHS))
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in PROMPT_LENGTHS]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in NEW_TOKENS]
+
+    def tokens():
+        return [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+
+    before = tokens()
+    runner = llm.engine.runner
+    recorded = {size: id(graph) for size, graph in runner.graphs.graphs.items()}
+    assert recorded and all(graph.pool is runner.pool for graph in runner.graphs.graphs.values())
+    runner.pool = allocate_pool(runner.layout, runner.num_pages, runner.device)
+    bind_pool(runner.model, runner.pool, runner.layout)
+
+    assert tokens() == before
+    assert runner.graphs.graphs and all(graph.pool is runner.pool for graph in runner.graphs.graphs.values())
+    assert not set(recorded.values()) & {id(graph) for graph in runner.graphs.graphs.values()}
