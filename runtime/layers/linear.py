@@ -73,14 +73,15 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         rows = flat.shape[0]
-        if rows <= self.native_max_rows:
+        # Each kernel's bound is 0 where it does not run here (no native library): an empty batch takes oneDNN.
+        if rows <= self.native_max_rows and self.native_max_rows:
             kernel = cpu_native.gemv if rows <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
             y = kernel(flat, self.dense_weight, self.dense_bias).to(self.dtype)
             return y.view(*x.shape[:-1], self.out_features)
-        if rows <= self.panel_max_rows:
+        if rows <= self.panel_max_rows and self.panel_max_rows:
             y = cpu_native.panel_gemm(flat, self.panels, self.panel_bias, self.out_features)
             return y.view(*x.shape[:-1], self.out_features)
-        if rows <= self.amx_max_rows:
+        if rows <= self.amx_max_rows and self.amx_max_rows:
             y = cpu_native.amx_gemm(flat, self.panels, self.panel_bias, self.out_features)
             return y.view(*x.shape[:-1], self.out_features)
         # oneDNN keeps native memory (a primitive, its scratchpad) for every input shape it meets, and
