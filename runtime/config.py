@@ -5,6 +5,7 @@ Nothing reads a block size from anywhere but `EngineConfig.cache`.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -53,6 +54,13 @@ def default_threads(hidden_size: int, cores: int) -> int:
     return 1 if hidden_size < MIN_THREADED_HIDDEN else cores
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except argparse.ArgumentTypeError as err:
+        raise ConfigError(f"kv_cache_memory: {err}") from None
+
+
 @dataclass(frozen=True)
 class StateDtype:
     dtype: str
@@ -82,10 +90,11 @@ class EngineConfig:
         "tokens computed per step at most (default: 2048 with chunked prefill, else max_model_len)", metavar="N"))
     enable_chunked_prefill: bool = field(default=True, metadata=option(
         "split long prompts over several steps"))
-    kv_cache_memory_bytes: int | None = field(default=None, metadata=option(
-        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory at start-up less 10%% "
+    # Bytes, or a size as the command line takes it ("8GiB"); a string becomes its bytes at construction.
+    kv_cache_memory: int | str | None = field(default=None, metadata=option(
+        "size of the page pool: bytes, or a size such as 8GiB (default: 4GiB on the CPU; on a GPU its free memory at start-up less 10%% "
         "of its total; never more pages than max_num_seqs sequences of max_model_len tokens use)",
-        flag="--kv-cache-memory", hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
+        hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
     num_pages: int | None = field(default=None, metadata=option(
         "give the page pool's size in pages instead of bytes", metavar="N"))
     seed: int = field(default=0, metadata=option("seed for requests that sample without their own", type=int,
@@ -111,6 +120,8 @@ class EngineConfig:
     cache: CacheLayout = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.kv_cache_memory, str):
+            object.__setattr__(self, "kv_cache_memory", _size(self.kv_cache_memory))
         self._check_positive()
         if self.kernel_backend not in KERNEL_BACKENDS:
             choices = ", ".join(KERNEL_BACKENDS)
@@ -126,7 +137,7 @@ class EngineConfig:
 
     def _check_positive(self) -> None:
         for name in ("tensor_parallel_size", "block_size", "max_model_len", "max_num_seqs",
-                     "max_num_batched_tokens", "kv_cache_memory_bytes", "num_pages", "threads"):
+                     "max_num_batched_tokens", "kv_cache_memory", "num_pages", "threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -26,7 +26,7 @@ class LLM:
     """
 
     def __init__(self, model: str | Path | None = None, **options: Any):
-        """`options` are EngineConfig's fields (dtype, max_model_len, kv_cache_memory_bytes, device, ...):
+        """`options` are EngineConfig's fields (dtype, max_model_len, kv_cache_memory, device, ...):
         the same names, defaults and help as the command line's options (`tandem generate --help`)."""
         known = {f.name for f in dataclasses.fields(EngineConfig) if f.init and f.name != "model"}
         unknown = sorted(set(options) - known)

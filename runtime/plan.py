@@ -50,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = engine_options(args)
-    memory, max_model_len = options.get("kv_cache_memory_bytes"), options.get("max_model_len")
+    memory, max_model_len = options.get("kv_cache_memory"), options.get("max_model_len")
     if (memory is None) != (max_model_len is None):
         raise ConfigError("--kv-cache-memory and --max-model-len go together: give both to see how many "
                           "sequences fit")

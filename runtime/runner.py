@@ -93,7 +93,7 @@ class ModelRunner:
     def _num_pages(self) -> int:
         if self.config.num_pages is not None:
             return self.config.num_pages
-        budget = self.config.kv_cache_memory_bytes or default_cache_bytes(self.device)
+        budget = self.config.kv_cache_memory or default_cache_bytes(self.device)
         by_memory = budget // self.layout.bytes_per_page_id
         # No point holding more pages than every sequence at full length could use, or, with prefix
         # caching, as many again for cached blocks and snapshots.

@@ -65,7 +65,7 @@ def test_the_top_level_help_has_examples():
 
 def engine_flags(name: str) -> dict[str, tuple[str, ...]]:
     parser = subparser(name)
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    fields = {f.name for f in dataclasses.fields(EngineConfig) if OPTION in f.metadata}
     return {a.dest: tuple(a.option_strings) for a in parser._actions
             if a.dest in fields and a.option_strings and a.help != argparse.SUPPRESS}
 
@@ -73,8 +73,8 @@ def engine_flags(name: str) -> dict[str, tuple[str, ...]]:
 def test_every_engine_option_is_spelled_once_the_same_in_every_subcommand():
     declared = {f.name: flag_of(f, f.metadata[OPTION]) for f in dataclasses.fields(EngineConfig)
                 if OPTION in f.metadata}
-    assert {"kv_cache_memory_bytes", "device", "kernel_backend", "max_model_len"} <= set(declared)
-    assert declared["kv_cache_memory_bytes"] == "--kv-cache-memory"
+    assert {"kv_cache_memory", "device", "kernel_backend", "max_model_len"} <= set(declared)
+    assert all(flag == "--" + name.replace("_", "-") for name, flag in declared.items())
     flags = {name: engine_flags(name) for name in ENGINE_COMMANDS}
     for name, found in flags.items():
         assert set(found) == set(declared), f"tandem {name} lacks {set(declared) - set(found)}"
@@ -83,11 +83,20 @@ def test_every_engine_option_is_spelled_once_the_same_in_every_subcommand():
     assert len({json.dumps(found, sort_keys=True) for found in flags.values()}) == 1
 
 
-def test_llm_takes_the_same_names_as_keywords():
+def test_llm_takes_the_same_names_as_keywords(tiny_checkpoint):
     from runtime.llm import LLM
 
-    with pytest.raises(TypeError, match="kv_cache_memory_bytes"):
-        LLM(kv_cache_memory=1)
+    with pytest.raises(TypeError, match="takes EngineConfig's: .*kv_cache_memory, mamba_ssm_dtype"):
+        LLM(kv_cache_memory_bytes=1)
+    directory = tiny_checkpoint("bamba")[0]
+    # The page pool's size as the command line writes it, or in bytes: the same pool.
+    as_text = LLM(directory, dtype="float32", device="cpu", kv_cache_memory="1MiB").engine.runner.num_pages
+    assert as_text == LLM(directory, dtype="float32", device="cpu", kv_cache_memory=2**20).engine.runner.num_pages
+    assert EngineConfig(str(directory), kv_cache_memory="8GiB").kv_cache_memory == 8 * 2**30
+    with pytest.raises(ValueError, match="kv_cache_memory: invalid size 'lots'; write it like 8GiB"):
+        EngineConfig(str(directory), kv_cache_memory="lots")
+    with pytest.raises(ValueError, match="kv_cache_memory must be a positive integer, got 0"):
+        EngineConfig(str(directory), kv_cache_memory=0)
 
 
 BAD_OPTIONS = [
