@@ -15,6 +15,8 @@ import sys
 import textwrap
 from importlib.metadata import PackageNotFoundError, version
 
+from runtime.options import spelled_as_flags
+
 # Subcommands are imported only when named, so that `tandem plan` never imports torch.
 SUBCOMMANDS = {
     "generate": "runtime.generate",
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(message)s")
         try:
-            code = args.run(args)
+            with spelled_as_flags(getattr(args, "option_flags", None)):
+                code = args.run(args)
             sys.stdout.flush()
             return code
         except ValueError as err:

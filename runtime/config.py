@@ -19,7 +19,7 @@ from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
 from runtime.models import resolve
 from runtime.models.interface import LayerKind, ModelDeclaration
-from runtime.options import option, parse_size
+from runtime.options import option, parse_size, spell
 
 logger = logging.getLogger("tandem")
 
@@ -58,7 +58,7 @@ def _size(text: str) -> int:
     try:
         return parse_size(text)
     except argparse.ArgumentTypeError as err:
-        raise ConfigError(f"kv_cache_memory: {err}") from None
+        raise ConfigError(f"{spell('kv_cache_memory')}: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,9 @@ class EngineConfig:
         self._check_positive()
         if self.kernel_backend not in KERNEL_BACKENDS:
             choices = ", ".join(KERNEL_BACKENDS)
-            raise ConfigError(f"kernel_backend must be one of {choices}, got {self.kernel_backend!r}")
+            raise ConfigError(f"{spell('kernel_backend')} must be one of {choices}, got {self.kernel_backend!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
-            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+            raise ConfigError(f"{spell('device')} must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         raw = load_raw_config(self.model)
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)
@@ -140,7 +140,7 @@ class EngineConfig:
                      "max_num_batched_tokens", "kv_cache_memory", "num_pages", "threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{spell(name)} must be a positive integer, got {value!r}")
 
     @cached_property
     def dims(self) -> Any:
@@ -151,8 +151,8 @@ class EngineConfig:
         limit = self.hf_config.first("max_position_embeddings", "n_positions")
         if self.max_model_len is not None and limit is not None and self.max_model_len > limit:
             raise ConfigError(
-                f"max_model_len={self.max_model_len} is more than the model was built for "
-                f"(max_position_embeddings={limit} in config.json); pass max_model_len={limit} or less"
+                f"{spell('max_model_len', self.max_model_len)} is more than the model was built for "
+                f"(max_position_embeddings={limit} in config.json); pass {spell('max_model_len', limit)} or less"
             )
 
     @cached_property
@@ -193,7 +193,7 @@ class EngineConfig:
     def state_dtype(self) -> StateDtype:
         """The recurrent (SSM) state's dtype and why: the option, config.json, the model's default, its dtype."""
         if self.mamba_ssm_dtype != "auto":
-            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype"),
+            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, spell("mamba_ssm_dtype")),
                               "set by --mamba-ssm-dtype / mamba_ssm_dtype")
         asked = self.hf_config.first("mamba_ssm_cache_dtype")
         if asked not in (None, "auto"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -97,9 +98,12 @@ def print_streams(stream, prompts: list[str], out: TextIO) -> None:
     texts = [""] * len(prompts)
     finished = [False] * len(prompts)
     shown, current = 0, 0  # characters of prompt `current`'s completion printed so far
+    # The stream checks every prompt when it starts (one too long raises): nothing is printed before that.
+    stream = iter(stream)
+    first = next(stream, None)
     out.write(prompts[0])
     out.flush()
-    for index, output in stream:
+    for index, output in itertools.chain([first] if first is not None else [], stream):
         texts[index] = output.outputs[0].text
         finished[index] = output.finished
         while current < len(prompts):

@@ -8,13 +8,16 @@ takes the same names as keywords. This module imports no torch and nothing of th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
          "g": 1024**3, "gib": 1024**3, "gb": 1000**3, "t": 1024**4, "tib": 1024**4, "tb": 1000**4}
 OPTION = "tandem_option"  # the key of a field's metadata that holds its Option
+# field name -> flag while a command runs (see spelled_as_flags); None: errors speak LLM(...)'s keywords.
+_flags: dict[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +89,39 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls: type) -> Non
         group.add_argument(flag, *opt.aliases, help=shown, **kinds, **common)
         for alias in opt.hidden_aliases:
             group.add_argument(alias, help=argparse.SUPPRESS, **kinds, **common)
+    # What runtime.cli hands to spelled_as_flags while the command runs: its errors name these flags.
+    parser.set_defaults(option_flags=option_flags(config_cls))
 
 
 def config_kwargs(args: argparse.Namespace, config_cls: type) -> dict[str, Any]:
     """The EngineConfig keywords the user gave on the command line."""
     return {f.name: getattr(args, f.name) for f, _ in options_of(config_cls) if hasattr(args, f.name)}
+
+
+def option_flags(config_cls: type) -> dict[str, str]:
+    return {f.name: flag_of(f, opt) for f, opt in options_of(config_cls)}
+
+
+@contextlib.contextmanager
+def spelled_as_flags(flags: dict[str, str] | None) -> Iterator[None]:
+    """While this runs, `spell` writes options as these flags (the command line's); None: as keywords."""
+    global _flags
+    previous, _flags = _flags, flags
+    try:
+        yield
+    finally:
+        _flags = previous
+
+
+def spell(name: str, *value: Any) -> str:
+    """An engine option, and its value if given, as the user wrote it: `--max-model-len 8` on the command
+    line, `max_model_len=8` in LLM(...). Errors name options through this so that the fix they give can
+    be typed as it stands, whichever interface the user is in."""
+    if _flags is not None and name in _flags:
+        return " ".join([_flags[name], *map(str, value)])
+    return name + "".join(f"={v!r}" for v in value)
+
+
+def plural(count: int, noun: str, nouns: str = "") -> str:
+    """`1 page`, `2 pages`; `nouns` for a plural that is not noun + "s"."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"

@@ -18,6 +18,7 @@ from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
 from runtime.layers.linear import pack_linears
 from runtime.loader import build_model
+from runtime.options import spell
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
 
@@ -37,7 +38,8 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # Checked before anything global (the kernel binding) changes, so a failed engine leaves others intact.
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r}: no CUDA device is available here; use --device cpu (or auto)")
+        raise ValueError(f"device {name!r}: no CUDA device is available here; use {spell('device', 'cpu')} "
+                         "(or auto)")
     return torch.device(name)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from runtime.cli import examples
 from runtime.config import EngineConfig
 from runtime.distributed.env import torchrun_rank
-from runtime.options import parse_size
+from runtime.options import parse_size, spelled_as_flags
 from runtime.plan import add_engine_arguments, engine_options
 
 API_KEY_ENV = "TANDEM_API_KEY"  # as vLLM's VLLM_API_KEY
@@ -137,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
         # signal again for the handler it found; that handler does nothing, so the exit status is 0.
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            server.run(sockets=[sock])
+            # A request's errors go to its HTTP client, who passed no flag: they name options as LLM(...) does.
+            with spelled_as_flags(None):
+                server.run(sockets=[sock])
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -137,6 +137,47 @@ def test_device_cuda_without_cuda_is_one_line_and_exit_2():
 
 
 @pytest.mark.skipif(cuda_available(), reason="this machine has CUDA, so a CUDA engine does not fail")
+def test_device_cuda_without_cuda_in_llm_names_the_keyword():
+    from runtime.llm import LLM
+
+    with pytest.raises(ValueError, match="no CUDA device is available here; use device='cpu' \\(or auto\\)"):
+        LLM(device="cuda")
+
+
+LONG_PROMPT = "The page pool holds the attention pages and the Mamba states of every running sequence"
+# (command-line arguments, what the error says there, what LLM(...) says for the same keywords)
+ENGINE_ERRORS = [
+    (["--max-model-len", "100000000"],
+     "--max-model-len 100000000 is more than the model was built for (max_position_embeddings=2048 in config.json); "
+     "pass --max-model-len 2048 or less",
+     "max_model_len=100000000 is more than the model was built for (max_position_embeddings=2048 in config.json); "
+     "pass max_model_len=2048 or less"),
+    (["--num-pages", "1", "--max-model-len", "64"],
+     "the page pool (1 page) cannot hold one sequence of 64 tokens (--max-model-len 64), which needs 3 pages: "
+     "raise --kv-cache-memory or --num-pages",
+     "the page pool (1 page) cannot hold one sequence of 64 tokens (max_model_len=64), which needs 3 pages: "
+     "raise kv_cache_memory or num_pages"),
+    (["--max-model-len", "8"],
+     "more than fits in --max-model-len 8 with room for one new token; shorten the prompt or raise --max-model-len",
+     "more than fits in max_model_len=8 with room for one new token; shorten the prompt or raise max_model_len"),
+]
+
+
+@pytest.mark.parametrize("args, on_the_command_line, in_llm", ENGINE_ERRORS, ids=["max-model-len", "pool", "prompt"])
+def test_an_engine_error_names_options_as_the_user_wrote_them(args, on_the_command_line, in_llm):
+    from runtime.llm import LLM
+    from runtime.sampling_params import SamplingParams
+
+    result = tandem("generate", LONG_PROMPT, "--max-tokens", "1", *args)
+    assert_one_line_error(result, on_the_command_line)
+    assert result.stdout == "", "the prompt was printed before the error"
+    keywords = {args[i][2:].replace("-", "_"): int(args[i + 1]) for i in range(0, len(args), 2)}
+    with pytest.raises(ValueError) as refused:
+        LLM(**keywords).generate([LONG_PROMPT], SamplingParams(max_tokens=1), use_tqdm=False)
+    assert in_llm in str(refused.value)
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has CUDA, so a CUDA engine does not fail")
 def test_a_failed_cuda_engine_leaves_an_earlier_cpu_engine_working(tiny_checkpoint):
     from runtime.llm import LLM
     from runtime.sampling_params import SamplingParams
