@@ -108,7 +108,7 @@ BAD_OPTIONS = [
     (["--block-size", "x"], "invalid integer 'x'"),
     (["--dtype", "int3"], "int3"),
     (["--mamba-ssm-dtype", "float8"], "float8"),
-    (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["--no-such-option"], "tandem plan: error: unrecognized arguments: --no-such-option (see `tandem plan --help`)"),
 ]
 
 
@@ -123,6 +123,13 @@ def test_a_bad_option_is_one_line_and_exit_2(args, fragment):
 @pytest.mark.parametrize("command", ["generate", "chat"])
 def test_a_bad_option_of_an_engine_command_is_one_line_and_exit_2(command, args, fragment):
     assert_one_line_error(tandem(command, *args, input="hi\n"), fragment)
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_an_unknown_option_points_to_the_subcommands_help(command):
+    assert_one_line_error(tandem(command, "--no-such-option", input="hi\n"),
+                          f"tandem {command}: error: unrecognized arguments: --no-such-option "
+                          f"(see `tandem {command} --help`)")
 
 
 def cuda_available() -> bool:
