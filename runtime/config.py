@@ -31,6 +31,8 @@ DEFAULT_BATCHED_TOKENS = 2048
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 THREADS_ENV_VAR = "TANDEM_NUM_THREADS"
+# The small model shipped with Tandem: what every command and LLM() run when given no model.
+DEFAULT_MODEL = Path(__file__).parent / "default_model"
 # Models at least this wide use every usable core by default; narrower ones one thread.
 MIN_THREADED_HIDDEN = 512
 

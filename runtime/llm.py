@@ -9,12 +9,10 @@ from typing import Sequence as Seq
 
 from tqdm.auto import tqdm
 
-from runtime.config import EngineConfig
+from runtime.config import DEFAULT_MODEL, EngineConfig
 from runtime.engine import Engine, Prompt
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams, generation_defaults
-
-DEFAULT_MODEL = Path(__file__).parent / "default_model"
 
 
 class LLM:

@@ -120,7 +120,7 @@ def test_a_bad_option_is_one_line_and_exit_2(args, fragment):
 # The options are the same objects in every subcommand; these check that the engine commands,
 # which import torch, fail as early and as briefly (a value checked by the parser, one by the config).
 @pytest.mark.parametrize("args, fragment", [BAD_OPTIONS[0], BAD_OPTIONS[6]])
-@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
 def test_a_bad_option_of_an_engine_command_is_one_line_and_exit_2(command, args, fragment):
     assert_one_line_error(tandem(command, *args, input="hi\n"), fragment)
 
@@ -130,6 +130,16 @@ def test_an_unknown_option_points_to_the_subcommands_help(command):
     assert_one_line_error(tandem(command, "--no-such-option", input="hi\n"),
                           f"tandem {command}: error: unrecognized arguments: --no-such-option "
                           f"(see `tandem {command} --help`)")
+
+
+def test_serve_defaults_to_the_shipped_model_as_generate_and_chat_do():
+    from runtime.config import DEFAULT_MODEL
+
+    # A block size the shipped model refuses: the error proves which model serve resolved, before it listens.
+    smallest = EngineConfig(str(DEFAULT_MODEL)).cache.block_size
+    assert_one_line_error(tandem("serve", "--block-size", "8"), "--block-size 8 is invalid",
+                          f"the smallest valid value is {smallest}")
+    assert "default: the small model shipped with Tandem" in " ".join(tandem("serve", "--help").stdout.split())
 
 
 def cuda_available() -> bool:
