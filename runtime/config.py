@@ -73,18 +73,23 @@ class StateDtype:
 class EngineConfig:
     model: str
     dtype: str = field(default="auto", metadata=option(
-        "model dtype: auto (config.json's; float32 when it names none), float32, bfloat16 or float16"))
+        "model dtype: auto (config.json's; float32 when it names none), float32, bfloat16 or float16", plan=True))
     tensor_parallel_size: int = field(default=1, metadata=option(
         "processes (GPUs, or CPU processes) the model is split over; this command starts them (or joins "
-        "torchrun's), and the cache shapes are per rank", aliases=("--tp", "-tp"), metavar="N"))
+        "torchrun's), and the cache shapes are per rank", aliases=("--tp", "-tp"), metavar="N", plan=True,
+        plan_help="processes (GPUs, or CPU processes) the model would be split over: the plan shows one rank's "
+                  "cache shapes"))
     block_size: int | None = field(default=None, metadata=option(
-        "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N"))
+        "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N",
+        plan=True))
     enable_prefix_caching: bool = field(default=False, metadata=option(
-        "reuse the cache of shared prompt prefixes (aligns blocks to the Mamba chunk size)"))
+        "reuse the cache of shared prompt prefixes (aligns blocks to the Mamba chunk size)", plan=True))
     mamba_ssm_dtype: str = field(default="auto", metadata=option(
-        "SSM state dtype: auto (the model dtype) or a wider one, e.g. float32", metavar="DTYPE"))
+        "SSM state dtype: auto (the model dtype) or a wider one, e.g. float32", metavar="DTYPE", plan=True))
     max_model_len: int | None = field(default=None, metadata=option(
-        "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N"))
+        "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N",
+        plan=True, plan_help="longest prompt plus output, in tokens: with --kv-cache-memory, the plan says how "
+                             "many sequences of this length fit"))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
     max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))
@@ -96,7 +101,8 @@ class EngineConfig:
     kv_cache_memory: int | str | None = field(default=None, metadata=option(
         "size of the page pool: bytes, or a size such as 8GiB (default: 4GiB on the CPU; on a GPU its free memory at start-up less 10%% "
         "of its total; never more pages than max_num_seqs sequences of max_model_len tokens use)",
-        hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
+        hidden_aliases=("--memory",), type=parse_size, metavar="SIZE", plan=True,
+        plan_help="size of the page pool, e.g. 8GiB: with --max-model-len, the plan says how many sequences fit"))
     num_pages: int | None = field(default=None, metadata=option(
         "give the page pool's size in pages instead of bytes", metavar="N"))
     seed: int = field(default=0, metadata=option("seed for requests that sample without their own", type=int,

@@ -29,6 +29,8 @@ class Option:
     type: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    plan: bool = False  # it changes what `tandem plan` prints, so plan takes it too
+    plan_help: str = ""  # plan's help for it, where the engine's does not fit a command that runs nothing
 
 
 def option(help: str, **kwargs: Any) -> dict[str, Option]:
@@ -73,19 +75,23 @@ def _default_text(f: dataclasses.Field) -> str:
     return f" (default: {f.default})"
 
 
-def add_config_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
-    """Add one option per annotated field; absent options stay absent, so EngineConfig's defaults apply."""
-    group = parser.add_argument_group("engine options (the same in every subcommand, and as LLM(...) keywords)")
+def add_config_options(parser: argparse.ArgumentParser, config_cls: type, plan: bool = False) -> None:
+    """Add one option per annotated field (with `plan`, those that change a plan); absent options stay
+    absent, so EngineConfig's defaults apply."""
+    title = "engine options that change the plan" if plan else "engine options"
+    group = parser.add_argument_group(f"{title} (the same in every subcommand, and as LLM(...) keywords)")
     for f, opt in options_of(config_cls):
-        flag = flag_of(f, opt)
+        if plan and not opt.plan:
+            continue
+        flag, text = flag_of(f, opt), (plan and opt.plan_help) or opt.help
         common: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS)
         if f.type in (bool, "bool"):
             kinds: dict[str, Any] = dict(action=argparse.BooleanOptionalAction)
-            shown = opt.help + (" (default: on)" if f.default else " (default: off)")
+            shown = text + (" (default: on)" if f.default else " (default: off)")
         else:
             kind = opt.type or (positive_int if "int" in str(f.type) else str)
             kinds = dict(type=kind, choices=opt.choices, metavar=opt.metavar)
-            shown = opt.help + _default_text(f)
+            shown = text + _default_text(f)
         group.add_argument(flag, *opt.aliases, help=shown, **kinds, **common)
         for alias in opt.hidden_aliases:
             group.add_argument(alias, help=argparse.SUPPRESS, **kinds, **common)

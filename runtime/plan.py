@@ -19,9 +19,10 @@ LETTERS = {"attention": "*", "mamba2": "M", "mamba1": "m", "parallel": "P", "hyb
            "short_conv": "C", "gated_deltanet": "G", "lightning": "L", "mlp": "-"}
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every EngineConfig option, generated from its field metadata: the same in every subcommand."""
-    add_config_options(parser, EngineConfig)
+def add_engine_arguments(parser: argparse.ArgumentParser, plan: bool = False) -> None:
+    """Every EngineConfig option (with `plan`, those that change a plan), generated from its field metadata:
+    the same in every subcommand."""
+    add_config_options(parser, EngineConfig, plan=plan)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -44,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ))
     parser.add_argument("model", help="a model directory or its config.json")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, plan=True)
     parser.set_defaults(run=run)
 
 

@@ -77,10 +77,28 @@ def test_every_engine_option_is_spelled_once_the_same_in_every_subcommand():
     assert all(flag == "--" + name.replace("_", "-") for name, flag in declared.items())
     flags = {name: engine_flags(name) for name in ENGINE_COMMANDS}
     for name, found in flags.items():
-        assert set(found) == set(declared), f"tandem {name} lacks {set(declared) - set(found)}"
+        wanted = set(PLAN_OPTIONS) if name == "plan" else set(declared)
+        assert set(found) == wanted, f"tandem {name}: {set(found) ^ wanted}"
         for dest, spelling in found.items():
             assert spelling[0] == declared[dest], (name, dest, spelling)
-    assert len({json.dumps(found, sort_keys=True) for found in flags.values()}) == 1
+    assert len({json.dumps(found, sort_keys=True) for name, found in flags.items() if name != "plan"}) == 1
+    assert flags["plan"] == {dest: spelling for dest, spelling in flags["generate"].items() if dest in PLAN_OPTIONS}
+
+
+# The options that change what `tandem plan` prints; the others (--seed, --threads, ...) only change a run.
+PLAN_OPTIONS = ("dtype", "tensor_parallel_size", "block_size", "enable_prefix_caching", "mamba_ssm_dtype",
+                "max_model_len", "kv_cache_memory")
+
+
+def test_plan_lists_only_options_that_change_a_plan_with_help_that_fits_it():
+    result = tandem("plan", "--help")
+    assert result.returncode == 0
+    for flag in ("--seed", "--threads", "--kernel-backend", "--enforce-eager", "--max-logprobs", "--device",
+                 "--num-pages", "--max-num-seqs"):
+        assert flag not in result.stdout, flag
+    assert "this command starts them" not in result.stdout
+    assert "the plan shows one rank's cache shapes" in " ".join(result.stdout.split())
+    assert_one_line_error(tandem("plan", str(BAMBA), "--seed", "1"), "unrecognized arguments: --seed 1")
 
 
 def test_llm_takes_the_same_names_as_keywords(tiny_checkpoint):
