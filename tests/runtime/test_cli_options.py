@@ -132,7 +132,10 @@ BAD_OPTIONS = [
 
 @pytest.mark.parametrize("args, fragment", BAD_OPTIONS)
 def test_a_bad_option_is_one_line_and_exit_2(args, fragment):
-    assert_one_line_error(tandem("plan", str(BAMBA), *args), fragment)
+    # An option that changes no plan is not plan's: generate checks it, before it loads anything.
+    known_to_plan = args[0] in subparser("plan")._option_string_actions or args[0] == "--no-such-option"
+    command = ["plan", str(BAMBA)] if known_to_plan else ["generate", "hi"]
+    assert_one_line_error(tandem(*command, *args), fragment)
 
 
 # The options are the same objects in every subcommand; these check that the engine commands,
@@ -245,6 +248,19 @@ def test_plan_with_a_small_pool_suggests_a_positive_max_model_len():
     assert_one_line_error(result, "raise --kv-cache-memory to at least", "lower --max-model-len to ")
     suggested = int(result.stderr.split("lower --max-model-len to ")[1].split()[0].replace(",", ""))
     assert 0 < suggested < 4096
+
+
+def test_plan_says_one_kv_head_one_sequence_and_one_page_id_in_the_singular():
+    shown = json.loads(tandem("plan", str(BAMBA), "--tp", "8", "--json", "--kv-cache-memory", "1GiB",
+                              "--max-model-len", "4096").stdout)
+    one_sequence = shown["fit"]["pages_per_sequence"] * shown["bytes_per_page_id"]
+    result = tandem("plan", str(BAMBA), "--tp", "8", "--kv-cache-memory", str(one_sequence), "--max-model-len", "4096")
+    assert result.returncode == 0, result.stderr
+    assert "attention      1 KV head x 128 per rank" in result.stdout
+    assert ": 1 sequence fits" in result.stdout.splitlines()[-1]
+    assert "KV heads" not in result.stdout and "1 sequences" not in result.stdout
+    assert "1 page id," in tandem("plan", str(BAMBA), "--tp", "8", "--kv-cache-memory", str(shown["bytes_per_page_id"]),
+                                  "--max-model-len", "4096").stderr
 
 
 def test_plan_says_which_dtype_it_assumed():
