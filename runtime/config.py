@@ -111,8 +111,8 @@ class EngineConfig:
         "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
     threads: int | None = field(default=None, metadata=option(
         "CPU threads for the model's ops (default: the TANDEM_NUM_THREADS environment variable, else "
-        "OMP_NUM_THREADS, else the cores that other processes leave idle at start-up for models of hidden size "
-        "512 or more, one thread for narrower ones; see docs/performance.md)", metavar="N"))
+        "OMP_NUM_THREADS, else every core this process may run on, shared among tensor-parallel ranks, for models "
+        "of hidden size 512 or more, and one thread for narrower ones; see docs/performance.md)", metavar="N"))
     kernel_backend: str = field(default="auto", metadata=option(
         "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
         "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))

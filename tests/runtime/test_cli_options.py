@@ -163,6 +163,18 @@ def test_serve_defaults_to_the_shipped_model_as_generate_and_chat_do():
     assert "default: the small model shipped with Tandem" in " ".join(tandem("serve", "--help").stdout.split())
 
 
+def test_the_threads_help_says_what_the_default_is():
+    from runtime.config import MIN_THREADED_HIDDEN, default_threads, usable_cores
+
+    shown = " ".join(tandem("generate", "--help").stdout.split())
+    assert "else every core this process may run on, shared among tensor-parallel ranks, for models of hidden size " \
+           f"{MIN_THREADED_HIDDEN} or more, and one thread for narrower ones" in shown
+    assert "idle" not in shown
+    # ... which is what the code does, whatever else runs on the machine.
+    assert default_threads(MIN_THREADED_HIDDEN, usable_cores()) == len(os.sched_getaffinity(0))
+    assert default_threads(MIN_THREADED_HIDDEN - 1, usable_cores()) == 1
+
+
 def cuda_available() -> bool:
     import torch
 
