@@ -19,6 +19,7 @@ from matrix.docs import DEFAULT_ROOT, Result, display, docs_dir, examine
 from matrix.errors import MatrixError, StaleDocs, UsageError
 from matrix.files import read_text, write_atomic
 from matrix.targets import IDS, target
+from runtime.options import plural
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -72,10 +73,12 @@ def run_check(args: argparse.Namespace) -> int:
     for failure in proofs.failures:
         print(failure)
     if files:
-        print(f"{stale} stale region(s) and {glyphs} non-canonical glyph(s) in {files} file(s); "
+        print(f"{plural(stale, 'stale region')} and {plural(glyphs, 'non-canonical glyph')} in "
+              f"{plural(files, 'file')}; "
               f"run `{fix_command(args.root)}`")
     if proofs.failures:
-        print(f"{len(proofs.failures)} supported or partial cell(s) with no proving test; see docs/contributing.md")
+        print(f"{plural(len(proofs.failures), 'supported or partial cell')} with no proving test; "
+              "see docs/contributing.md")
     if not files and not proofs.failures:
         pictures = sum(not r.doc.display.endswith(".md") for r in results)
         print(f"docs are up to date: {len(IDS)} generated regions, {len(results) - pictures} markdown files and "
@@ -119,10 +122,10 @@ def run_lint(args: argparse.Namespace) -> int:
             print(finding.format())
         if findings and args.fix:
             write_atomic(path, lint.fix(text))
-            print(f"fixed {len(findings)} glyph(s) in {shown}")
+            print(f"fixed {plural(len(findings), 'glyph')} in {shown}")
     if total and not args.fix:
         paths = "".join(f" {shlex.quote(str(path))}" for path in args.paths)
-        print(f"{total} non-canonical glyph(s); run `{fix_command(args.root, 'lint --fix')}{paths}`")
+        print(f"{plural(total, 'non-canonical glyph')}; run `{fix_command(args.root, 'lint --fix')}{paths}`")
         return StaleDocs.exit_code
     return 0
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from matrix.configs import CONFIGS_DIR, engine_config, model_id
 from runtime.cache.layout import CacheLayout, cdiv
+from runtime.options import plural
 
 # The example configs drawn (directory names under docs/configs) and the sequence length shown.
 EXAMPLES = ("ibm-ai-platform__Bamba-9B", "ai21labs__Jamba-v0.1", "tiiuae__Falcon-H1-0.5B-Instruct")
@@ -81,7 +82,7 @@ def draw_layers(layout: CacheLayout, y: float) -> tuple[list[str], float]:
                        f'stroke-width="1.5"><title>{name} group {g}: layers {", ".join(map(str, group))}</title>'
                        '</path>')
         if groups:
-            out.append(_text(20, y + 13, f"{len(groups)} {name} group(s): each bracket is one group", 11))
+            out.append(_text(20, y + 13, f"{plural(len(groups), name + ' group')}: each bracket is one group", 11))
             y += 30
     return out, y + 10
 

@@ -22,6 +22,8 @@ def engine_options(root: Path) -> dict[str, Any]:
             flags += f" / `--no-{flag_of(f, opt)[2:]}`"
         default = code(f'"{f.default}"' if isinstance(f.default, str) else repr(f.default))
         # argparse needs "%%" for a literal "%"; the docs show one.
-        rows.append([code(f.name), flags, default, cell(opt.help.replace("%%", "%"))])
-    columns = [Column(t, "---") for t in ("`LLM(...)` keyword", "Command line", "Default", "Meaning")]
+        in_plan = "yes" if opt.plan else ""
+        rows.append([code(f.name), flags, default, in_plan, cell(opt.help.replace("%%", "%"))])
+    titles = ("`LLM(...)` keyword", "Command line", "Default", "`tandem plan`", "Meaning")
+    columns = [Column(t, "---") for t in titles]
     return {"columns": columns, "rows": rows}

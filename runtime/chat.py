@@ -11,6 +11,8 @@ from runtime.cli import examples
 from runtime.plan import add_engine_arguments, engine_options
 
 PROMPT = "> "
+# On stderr, so that what a pipe reads of stdout is the conversation alone.
+HINT = "Type a message and press Enter; /exit or Ctrl-D ends the chat."
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
                          "pass one with --chat-template FILE")
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     messages = [{"role": "system", "content": args.system}] if args.system else []
+    print(HINT, file=sys.stderr)
     converse(llm, tokenizer, params, messages, sys.stdin, sys.stdout)
     return 0
 

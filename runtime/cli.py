@@ -15,6 +15,8 @@ import sys
 import textwrap
 from importlib.metadata import PackageNotFoundError, version
 
+from runtime.options import spelled_as_flags
+
 # Subcommands are imported only when named, so that `tandem plan` never imports torch.
 SUBCOMMANDS = {
     "generate": "runtime.generate",
@@ -79,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     named = next((a for a in argv if a in SUBCOMMANDS), None)
     try:
         parser = build_parser(only=named)
-        args = parser.parse_args(argv)
+        args = parse(parser, argv)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(message)s")
         try:
-            code = args.run(args)
+            with spelled_as_flags(getattr(args, "option_flags", None)):
+                code = args.run(args)
             sys.stdout.flush()
             return code
         except ValueError as err:
@@ -100,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         # interpreter's own flush at exit cannot raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, but an unknown option is reported by its subcommand, whose --help lists the options."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def _quiet_flush() -> None:

@@ -5,6 +5,7 @@ Nothing reads a block size from anywhere but `EngineConfig.cache`.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -18,7 +19,7 @@ from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_dtype, load_raw_config
 from runtime.models import resolve
 from runtime.models.interface import LayerKind, ModelDeclaration
-from runtime.options import option, parse_size
+from runtime.options import option, parse_size, spell
 
 logger = logging.getLogger("tandem")
 
@@ -30,6 +31,8 @@ DEFAULT_BATCHED_TOKENS = 2048
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 THREADS_ENV_VAR = "TANDEM_NUM_THREADS"
+# The small model shipped with Tandem: what every command and LLM() run when given no model.
+DEFAULT_MODEL = Path(__file__).parent / "default_model"
 # Models at least this wide use every usable core by default; narrower ones one thread.
 MIN_THREADED_HIDDEN = 512
 
@@ -53,6 +56,13 @@ def default_threads(hidden_size: int, cores: int) -> int:
     return 1 if hidden_size < MIN_THREADED_HIDDEN else cores
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except argparse.ArgumentTypeError as err:
+        raise ConfigError(f"{spell('kv_cache_memory')}: {err}") from None
+
+
 @dataclass(frozen=True)
 class StateDtype:
     dtype: str
@@ -63,18 +73,23 @@ class StateDtype:
 class EngineConfig:
     model: str
     dtype: str = field(default="auto", metadata=option(
-        "model dtype: auto (config.json's; float32 when it names none), float32, bfloat16 or float16"))
+        "model dtype: auto (config.json's; float32 when it names none), float32, bfloat16 or float16", plan=True))
     tensor_parallel_size: int = field(default=1, metadata=option(
         "processes (GPUs, or CPU processes) the model is split over; this command starts them (or joins "
-        "torchrun's), and the cache shapes are per rank", aliases=("--tp", "-tp"), metavar="N"))
+        "torchrun's), and the cache shapes are per rank", aliases=("--tp", "-tp"), metavar="N", plan=True,
+        plan_help="processes (GPUs, or CPU processes) the model would be split over: the plan shows one rank's "
+                  "cache shapes"))
     block_size: int | None = field(default=None, metadata=option(
-        "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N"))
+        "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N",
+        plan=True))
     enable_prefix_caching: bool = field(default=False, metadata=option(
-        "reuse the cache of shared prompt prefixes (aligns blocks to the Mamba chunk size)"))
+        "reuse the cache of shared prompt prefixes (aligns blocks to the Mamba chunk size)", plan=True))
     mamba_ssm_dtype: str = field(default="auto", metadata=option(
-        "SSM state dtype: auto (the model dtype) or a wider one, e.g. float32", metavar="DTYPE"))
+        "SSM state dtype: auto (the model dtype) or a wider one, e.g. float32", metavar="DTYPE", plan=True))
     max_model_len: int | None = field(default=None, metadata=option(
-        "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N"))
+        "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N",
+        plan=True, plan_help="longest prompt plus output, in tokens: with --kv-cache-memory, the plan says how "
+                             "many sequences of this length fit"))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
     max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))
@@ -82,10 +97,12 @@ class EngineConfig:
         "tokens computed per step at most (default: 2048 with chunked prefill, else max_model_len)", metavar="N"))
     enable_chunked_prefill: bool = field(default=True, metadata=option(
         "split long prompts over several steps"))
-    kv_cache_memory_bytes: int | None = field(default=None, metadata=option(
-        "size of the page pool, e.g. 8GiB (default: 4GiB on the CPU; on a GPU its free memory at start-up less 10%% "
+    # Bytes, or a size as the command line takes it ("8GiB"); a string becomes its bytes at construction.
+    kv_cache_memory: int | str | None = field(default=None, metadata=option(
+        "size of the page pool: bytes, or a size such as 8GiB (default: 4GiB on the CPU; on a GPU its free memory at start-up less 10%% "
         "of its total; never more pages than max_num_seqs sequences of max_model_len tokens use)",
-        flag="--kv-cache-memory", hidden_aliases=("--memory",), type=parse_size, metavar="SIZE"))
+        hidden_aliases=("--memory",), type=parse_size, metavar="SIZE", plan=True,
+        plan_help="size of the page pool, e.g. 8GiB: with --max-model-len, the plan says how many sequences fit"))
     num_pages: int | None = field(default=None, metadata=option(
         "give the page pool's size in pages instead of bytes", metavar="N"))
     seed: int = field(default=0, metadata=option("seed for requests that sample without their own", type=int,
@@ -94,8 +111,8 @@ class EngineConfig:
         "auto (CUDA when present, else the CPU), cpu or cuda", choices=DEVICES))
     threads: int | None = field(default=None, metadata=option(
         "CPU threads for the model's ops (default: the TANDEM_NUM_THREADS environment variable, else "
-        "OMP_NUM_THREADS, else the cores that other processes leave idle at start-up for models of hidden size "
-        "512 or more, one thread for narrower ones; see docs/performance.md)", metavar="N"))
+        "OMP_NUM_THREADS, else every core this process may run on, shared among tensor-parallel ranks, for models "
+        "of hidden size 512 or more, and one thread for narrower ones; see docs/performance.md)", metavar="N"))
     kernel_backend: str = field(default="auto", metadata=option(
         "auto: Triton kernels on a CUDA device and the torch reference ops elsewhere (the TANDEM_KERNEL_BACKEND "
         "environment variable overrides auto); torch or triton forces one", choices=KERNEL_BACKENDS))
@@ -111,12 +128,14 @@ class EngineConfig:
     cache: CacheLayout = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.kv_cache_memory, str):
+            object.__setattr__(self, "kv_cache_memory", _size(self.kv_cache_memory))
         self._check_positive()
         if self.kernel_backend not in KERNEL_BACKENDS:
             choices = ", ".join(KERNEL_BACKENDS)
-            raise ConfigError(f"kernel_backend must be one of {choices}, got {self.kernel_backend!r}")
+            raise ConfigError(f"{spell('kernel_backend')} must be one of {choices}, got {self.kernel_backend!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
-            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+            raise ConfigError(f"{spell('device')} must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         raw = load_raw_config(self.model)
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)
@@ -126,10 +145,10 @@ class EngineConfig:
 
     def _check_positive(self) -> None:
         for name in ("tensor_parallel_size", "block_size", "max_model_len", "max_num_seqs",
-                     "max_num_batched_tokens", "kv_cache_memory_bytes", "num_pages", "threads"):
+                     "max_num_batched_tokens", "kv_cache_memory", "num_pages", "threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{spell(name)} must be a positive integer, got {value!r}")
 
     @cached_property
     def dims(self) -> Any:
@@ -140,8 +159,8 @@ class EngineConfig:
         limit = self.hf_config.first("max_position_embeddings", "n_positions")
         if self.max_model_len is not None and limit is not None and self.max_model_len > limit:
             raise ConfigError(
-                f"max_model_len={self.max_model_len} is more than the model was built for "
-                f"(max_position_embeddings={limit} in config.json); pass max_model_len={limit} or less"
+                f"{spell('max_model_len', self.max_model_len)} is more than the model was built for "
+                f"(max_position_embeddings={limit} in config.json); pass {spell('max_model_len', limit)} or less"
             )
 
     @cached_property
@@ -182,7 +201,7 @@ class EngineConfig:
     def state_dtype(self) -> StateDtype:
         """The recurrent (SSM) state's dtype and why: the option, config.json, the model's default, its dtype."""
         if self.mamba_ssm_dtype != "auto":
-            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, "mamba_ssm_dtype"),
+            return StateDtype(canonical_dtype(self.mamba_ssm_dtype, spell("mamba_ssm_dtype")),
                               "set by --mamba-ssm-dtype / mamba_ssm_dtype")
         asked = self.hf_config.first("mamba_ssm_cache_dtype")
         if asked not in (None, "auto"):

@@ -22,6 +22,7 @@ from runtime.config import EngineConfig
 from runtime.distributed.runner import TensorParallelRunner
 from runtime.loader import load_tokenizer
 from runtime.models.interface import Feature, Status
+from runtime.options import plural, spell
 from runtime.outputs import CompletionOutput, Logprob, RequestOutput
 from runtime.parallel import ParentRequest, child_id, child_params
 from runtime.runner import ModelRunner, PromptLogits
@@ -59,7 +60,7 @@ def check_capabilities(config: EngineConfig) -> None:
     if config.tensor_parallel_size > 1:
         require(caps.feature(Feature.TENSOR_PARALLEL), "tensor parallelism")
     if config.enable_chunked_prefill:
-        require(caps.feature(Feature.CHUNKED_PREFILL), "chunked prefill (pass enable_chunked_prefill=False)")
+        require(caps.feature(Feature.CHUNKED_PREFILL), f"chunked prefill (pass {spell('enable_chunked_prefill', False)})")
 
 
 def eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
@@ -134,8 +135,9 @@ class Engine:
                                  config.enable_chunked_prefill)
         if not config.enable_chunked_prefill and limits.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
-                f"max_num_batched_tokens={limits.max_num_batched_tokens} is smaller than max_model_len="
-                f"{self.max_model_len}; without chunked prefill a whole prompt must fit in one step"
+                f"{spell('max_num_batched_tokens', limits.max_num_batched_tokens)} is smaller than "
+                f"{spell('max_model_len', self.max_model_len)}; without chunked prefill a whole prompt must fit "
+                "in one step"
             )
         self.scheduler = Scheduler(self.cache, limits)
         self.sampler = Sampler()
@@ -155,11 +157,12 @@ class Engine:
         fits = blocks * (layout.block_size or 0)
         if self.config.max_model_len is not None or fits < 1:
             # A pool too small for even one block of every layer has no max_model_len to suggest.
-            lower = f", or lower max_model_len to {fits} or less" if fits >= 1 else ""
+            lower = f", or lower {spell('max_model_len')} to {fits} or less" if fits >= 1 else ""
             raise ValueError(
-                f"the page pool ({self.cache.num_pages} pages) cannot hold one sequence of max_model_len={wanted} "
-                f"tokens (it needs {layout.pages_per_sequence(wanted)} pages); raise kv_cache_memory_bytes or "
-                f"num_pages{lower}"
+                f"the page pool ({plural(self.cache.num_pages, 'page')}) cannot hold one sequence of {wanted} "
+                f"tokens ({spell('max_model_len', wanted)}), which needs "
+                f"{plural(layout.pages_per_sequence(wanted), 'page')}: raise {spell('kv_cache_memory')} or "
+                f"{spell('num_pages')}{lower}"
             )
         logger.warning("max_model_len lowered from %d to %d tokens to fit the page pool", wanted, fits)
         return fits
@@ -180,8 +183,9 @@ class Engine:
             raise ValueError("the prompt is empty")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
-                f"the prompt has {len(token_ids)} tokens, more than fits in max_model_len={self.max_model_len} "
-                "with room for one new token; shorten the prompt or raise max_model_len"
+                f"the prompt has {len(token_ids)} tokens, more than fits in "
+                f"{spell('max_model_len', self.max_model_len)} with room for one new token; shorten the prompt "
+                f"or raise {spell('max_model_len')}"
             )
         vocab = self.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
@@ -198,8 +202,8 @@ class Engine:
             for name in ("logprobs", "prompt_logprobs"):
                 value = getattr(params, name)
                 if value is not None and value > self.config.max_logprobs:
-                    raise ValueError(f"{name}={value} is more than max_logprobs={self.config.max_logprobs}; "
-                                     "ask for fewer, or raise max_logprobs")
+                    raise ValueError(f"{name}={value} is more than {spell('max_logprobs', self.config.max_logprobs)}"
+                                     f"; ask for fewer, or raise {spell('max_logprobs')}")
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
                     stream: bool = False) -> str:

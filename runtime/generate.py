@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import re
+import itertools
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -16,18 +16,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="complete prompts (default model: the one shipped with Tandem)",
         description="Complete one or more prompts and print each prompt with its completion, token by token "
-                    "as it is generated. The first argument is the model when it is a directory or a Hugging "
-                    "Face id (default: the small model shipped with Tandem). `-` as the prompt, or no prompt "
-                    "with a pipe on stdin, reads the prompts from stdin, one per line. Ctrl-C stops and keeps "
-                    "what was printed.",
+                    f"as it is generated. {MODEL_RULE} `-` as the prompt, or no prompt with a pipe on stdin, "
+                    "reads the prompts from stdin, one per line. Ctrl-C stops and keeps what was printed.",
         epilog=examples(
             'tandem generate "The page pool"',
             'tandem generate runtime/default_model "The page pool" "Mamba layers keep" --max-tokens 16',
             'printf "The page pool\\nMamba layers keep\\n" | tandem generate --max-tokens 16',
             'tandem generate runtime/default_model - < prompts.txt',
+            'tandem generate --model runtime/default_model "/etc is where"',
         ))
     parser.add_argument("args", nargs="*", metavar="[MODEL] PROMPT",
-                        help="an optional model directory, then the prompts (`-`: read them from stdin)")
+                        help="an optional model directory (see above), then the prompts (`-`: read them from stdin)")
+    parser.add_argument("--model", default=None, metavar="DIR",
+                        help="the model directory; every argument is then a prompt")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt at most (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep tokens up to this "
@@ -39,16 +40,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-# `owner/name` with nothing else: how a Hugging Face id looks, so that the engine can say how to fetch it.
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# The one rule, said the same way in --help and the docs (docs/usage/offline_inference.md, README.md).
+MODEL_RULE = ("The model is --model DIR, or else the first argument when it names an existing directory (default: "
+              "the small model shipped with Tandem). A first argument shaped like a path (it starts with ./, ../, / "
+              "or ~, or ends with /) that is not a directory is an error; anything else is a prompt.")
+PATH_PREFIXES = ("./", "../", "/", "~")
 
 
-def split_model(args: list[str], stdin: TextIO) -> tuple[str | None, list[str]]:
-    """(model or None, prompts): the first argument is the model when it is a directory, or when it looks like a
-    Hugging Face id and prompts follow it."""
-    model = None
-    if args and args[0] != "-" and (Path(args[0]).is_dir() or (len(args) > 1 and HUB_ID.fullmatch(args[0]))):
-        model, args = args[0], args[1:]
+def split_model(args: list[str], model: str | None, stdin: TextIO) -> tuple[str | None, list[str]]:
+    """(model or None, prompts), by MODEL_RULE."""
+    if model is None and args and args[0] != "-":
+        first = args[0]
+        if _is_dir(first):
+            model, args = str(Path(first).expanduser()), args[1:]
+        elif first.startswith(PATH_PREFIXES) or first.endswith("/"):
+            # A mistyped model path must not quietly become a prompt for the shipped model.
+            raise ValueError(f"no model directory {first}: give an existing one, or pass the model with "
+                             "--model DIR to use this argument as a prompt")
     if not args and not stdin.isatty():
         args = ["-"]
     if not args:
@@ -64,8 +72,15 @@ def split_model(args: list[str], stdin: TextIO) -> tuple[str | None, list[str]]:
     return model, prompts
 
 
+def _is_dir(text: str) -> bool:
+    try:
+        return Path(text).expanduser().is_dir()
+    except OSError:  # a prompt longer than a file name may be
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
-    model, prompts = split_model(args.args, sys.stdin)
+    model, prompts = split_model(args.args, args.model, sys.stdin)
     # Imported here: the engine needs torch, and `tandem plan` must not.
     from runtime.llm import LLM
     from runtime.sampling_params import SamplingParams
@@ -83,9 +98,12 @@ def print_streams(stream, prompts: list[str], out: TextIO) -> None:
     texts = [""] * len(prompts)
     finished = [False] * len(prompts)
     shown, current = 0, 0  # characters of prompt `current`'s completion printed so far
+    # The stream checks every prompt when it starts (one too long raises): nothing is printed before that.
+    stream = iter(stream)
+    first = next(stream, None)
     out.write(prompts[0])
     out.flush()
-    for index, output in stream:
+    for index, output in itertools.chain([first] if first is not None else [], stream):
         texts[index] = output.outputs[0].text
         finished[index] = output.finished
         while current < len(prompts):

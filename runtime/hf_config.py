@@ -44,8 +44,7 @@ def config_path(model: str | Path) -> Path:
         if not Path(model).exists() and HUB_ID.fullmatch(str(model)):
             raise ConfigError(
                 f"{model} looks like a Hugging Face model id, but Tandem reads local directories only: fetch it with "
-                f"`huggingface-cli download {model} --local-dir DIR` (or `hf download {model} --local-dir DIR`) "
-                "and pass DIR"
+                f"`hf download {model} --local-dir DIR` and pass DIR"
             )
         raise ConfigError(f"no config.json at {path}: pass a model directory or the path of its config.json")
     return path

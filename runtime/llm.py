@@ -9,12 +9,10 @@ from typing import Sequence as Seq
 
 from tqdm.auto import tqdm
 
-from runtime.config import EngineConfig
+from runtime.config import DEFAULT_MODEL, EngineConfig
 from runtime.engine import Engine, Prompt
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams, generation_defaults
-
-DEFAULT_MODEL = Path(__file__).parent / "default_model"
 
 
 class LLM:
@@ -26,7 +24,7 @@ class LLM:
     """
 
     def __init__(self, model: str | Path | None = None, **options: Any):
-        """`options` are EngineConfig's fields (dtype, max_model_len, kv_cache_memory_bytes, device, ...):
+        """`options` are EngineConfig's fields (dtype, max_model_len, kv_cache_memory, device, ...):
         the same names, defaults and help as the command line's options (`tandem generate --help`)."""
         known = {f.name for f in dataclasses.fields(EngineConfig) if f.init and f.name != "model"}
         unknown = sorted(set(options) - known)

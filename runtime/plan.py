@@ -12,16 +12,17 @@ from runtime.cache.prefix import prefix_block_size
 from runtime.cli import examples
 from runtime.config import EngineConfig
 from runtime.hf_config import ConfigError
-from runtime.options import add_config_options, config_kwargs
+from runtime.options import add_config_options, config_kwargs, plural
 
 MAX_LISTED_RUNS = 12
 LETTERS = {"attention": "*", "mamba2": "M", "mamba1": "m", "parallel": "P", "hybrid": "H",
            "short_conv": "C", "gated_deltanet": "G", "lightning": "L", "mlp": "-"}
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every EngineConfig option, generated from its field metadata: the same in every subcommand."""
-    add_config_options(parser, EngineConfig)
+def add_engine_arguments(parser: argparse.ArgumentParser, plan: bool = False) -> None:
+    """Every EngineConfig option (with `plan`, those that change a plan), generated from its field metadata:
+    the same in every subcommand."""
+    add_config_options(parser, EngineConfig, plan=plan)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -44,13 +45,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ))
     parser.add_argument("model", help="a model directory or its config.json")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, plan=True)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     options = engine_options(args)
-    memory, max_model_len = options.get("kv_cache_memory_bytes"), options.get("max_model_len")
+    memory, max_model_len = options.get("kv_cache_memory"), options.get("max_model_len")
     if (memory is None) != (max_model_len is None):
         raise ConfigError("--kv-cache-memory and --max-model-len go together: give both to see how many "
                           "sequences fit")
@@ -71,8 +72,8 @@ def check_fit(fit: dict[str, Any], layout: CacheLayout) -> None:
     fits = (pages - layout.num_state_groups) // max(1, layout.num_attention_groups) * (layout.block_size or 0)
     lower = f", or lower --max-model-len to {fits:,}" if fits >= 1 and layout.block_size else ""
     raise ConfigError(
-        f"--kv-cache-memory {_bytes(fit['memory_bytes'])} holds {pages:,} page ids, but one sequence of "
-        f"{fit['max_model_len']:,} tokens needs {fit['pages_per_sequence']:,}: raise --kv-cache-memory to at "
+        f"--kv-cache-memory {_bytes(fit['memory_bytes'])} holds {plural(pages, 'page id')}, but one sequence of "
+        f"{plural(fit['max_model_len'], 'token')} needs {fit['pages_per_sequence']:,}: raise --kv-cache-memory to at "
         f"least {_bytes(needed)}{lower}"
     )
 
@@ -183,7 +184,7 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"  pattern      {pattern}  ({legend})")
     if r["attention"]:
         a = r["attention"]
-        lines.append(f"attention      {a['num_kv_heads_per_rank']} KV heads x {a['head_size']} per rank, "
+        lines.append(f"attention      {plural(a['num_kv_heads_per_rank'], 'KV head')} x {a['head_size']} per rank, "
                      f"{a['dtype']}: {a['bytes_per_token']:,} B per token per layer")
     if r["mamba"]:
         m = r["mamba"]
@@ -199,29 +200,28 @@ def format_report(r: dict[str, Any]) -> str:
 def _format_pages(r: dict[str, Any]) -> list[str]:
     lines = []
     if r["block_size"] is not None:
-        lines.append(f"block size     {r['block_size']} tokens")
+        lines.append(f"block size     {r['block_size']} tokens")  # at least the attention alignment, 16
     page = f"page           {_bytes(r['page_size_bytes'])}"
     if r["padding_pct"] is not None:
         name = r["mamba"]["name"].removesuffix(" state")
         page += f", {'Mamba' if name == 'mamba' else name} page padded by {r['padding_pct']:.2f}%"
     lines.append(page)
-    lines.append(f"groups         {r['group_size']} layers per group: {r['num_attention_groups']} attention, "
+    lines.append(f"groups         {plural(r['group_size'], 'layer')} per group: {r['num_attention_groups']} attention, "
                  f"{r['num_state_groups']} state; a page id spans {_bytes(r['bytes_per_page_id'])}")
     if r.get("prefix_cache"):
         lines.extend(_format_prefix_cache(r["prefix_cache"]))
     if "fit" in r:
         f = r["fit"]
-        lines.append(f"fit            {_bytes(f['memory_bytes'])} holds {f['num_page_ids']:,} page ids; "
-                     f"a sequence of {f['max_model_len']:,} tokens needs {f['pages_per_sequence']:,}: "
-                     f"{f['max_num_sequences']:,} sequences fit")
+        lines.append(f"fit            {_bytes(f['memory_bytes'])} holds {plural(f['num_page_ids'], 'page id')}; "
+                     f"a sequence of {plural(f['max_model_len'], 'token')} needs {f['pages_per_sequence']:,}: "
+                     f"{plural(f['max_num_sequences'], 'sequence')} fit{'s' if f['max_num_sequences'] == 1 else ''}")
     return lines
 
 
 def _format_prefix_cache(p: dict[str, Any]) -> list[str]:
     lines = [f"prefix cache   blocks of {p['block_size']} tokens, named by a chained hash of their tokens"]
     if p["snapshot_page_ids"]:
-        ids = "page id" if p["snapshot_page_ids"] == 1 else "page ids"
-        lines.append(f"  snapshot     {p['snapshot_page_ids']} {ids} = {_bytes(p['snapshot_bytes'])} per cached "
+        lines.append(f"  snapshot     {plural(p['snapshot_page_ids'], 'page id')} = {_bytes(p['snapshot_bytes'])} per cached "
                      "boundary: each state group's state, copied into")
         lines.append("               free pages where a prompt chunk ends on a block boundary; "
                      "evicted least recently used")

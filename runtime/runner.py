@@ -18,6 +18,7 @@ from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
 from runtime.layers.linear import pack_linears
 from runtime.loader import build_model
+from runtime.options import spell
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
 
@@ -37,7 +38,8 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # Checked before anything global (the kernel binding) changes, so a failed engine leaves others intact.
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r}: no CUDA device is available here; use --device cpu (or auto)")
+        raise ValueError(f"device {name!r}: no CUDA device is available here; use {spell('device', 'cpu')} "
+                         "(or auto)")
     return torch.device(name)
 
 
@@ -93,7 +95,7 @@ class ModelRunner:
     def _num_pages(self) -> int:
         if self.config.num_pages is not None:
             return self.config.num_pages
-        budget = self.config.kv_cache_memory_bytes or default_cache_bytes(self.device)
+        budget = self.config.kv_cache_memory or default_cache_bytes(self.device)
         by_memory = budget // self.layout.bytes_per_page_id
         # No point holding more pages than every sequence at full length could use, or, with prefix
         # caching, as many again for cached blocks and snapshots.

@@ -1,4 +1,4 @@
-"""`tandem serve MODEL`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over one engine.
+"""`tandem serve [MODEL]`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over one engine.
 
 Order matters for the user: the options are checked and the cache layout resolved first (a bad
 --block-size exits 2 at once), then the port is bound (a busy port exits 2 before the model
@@ -14,9 +14,9 @@ import socket
 from pathlib import Path
 
 from runtime.cli import examples
-from runtime.config import EngineConfig
+from runtime.config import DEFAULT_MODEL, EngineConfig
 from runtime.distributed.env import torchrun_rank
-from runtime.options import parse_size
+from runtime.options import parse_size, spelled_as_flags
 from runtime.plan import add_engine_arguments, engine_options
 
 API_KEY_ENV = "TANDEM_API_KEY"  # as vLLM's VLLM_API_KEY
@@ -27,9 +27,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
                     "/v1/models, /health, /metrics) on 127.0.0.1:8000 until Ctrl-C or SIGTERM.",
-        epilog=examples("tandem serve runtime/default_model", "tandem serve path/to/model --port 8080 "
+        epilog=examples("tandem serve", "tandem serve path/to/model --port 8080 "
                         "--kv-cache-memory 8GiB", "tandem serve path/to/model --chat-template template.jinja"))
-    parser.add_argument("model", help="a model directory")
+    parser.add_argument("model", nargs="?", default=None,
+                        help="a model directory (default: the small model shipped with Tandem)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
     parser.add_argument("--max-waiting", type=int, default=1024,
@@ -98,7 +99,7 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(model=args.model, **engine_options(args))
+    return EngineConfig(model=str(args.model or DEFAULT_MODEL), **engine_options(args))
 
 
 def check_server_options(args: argparse.Namespace) -> None:
@@ -140,7 +141,9 @@ def run(args: argparse.Namespace) -> int:
         # signal again for the handler it found; that handler does nothing, so the exit status is 0.
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            server.run(sockets=[sock])
+            # A request's errors go to its HTTP client, who passed no flag: they name options as LLM(...) does.
+            with spelled_as_flags(None):
+                server.run(sockets=[sock])
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

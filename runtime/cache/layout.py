@@ -17,6 +17,7 @@ from functools import cached_property
 from runtime.cache.spec import AttentionSpec, MambaSpec
 from runtime.hf_config import ConfigError
 from runtime.models.interface import LayerKind
+from runtime.options import spell
 
 logger = logging.getLogger("tandem")
 
@@ -44,7 +45,7 @@ def resolve_block_size(
     """The attention block size in tokens, or None for a model without attention."""
     if attn_bytes_per_token is None:
         if user_block_size is not None:
-            logger.warning("block_size=%d ignored: the model has no attention layers", user_block_size)
+            logger.warning("%s ignored: the model has no attention layers", spell("block_size", user_block_size))
         return None
     unit = alignment
     if mamba_page is not None and prefix_caching and chunk_size:
@@ -60,7 +61,7 @@ def resolve_block_size(
             why += " (lcm of the Mamba chunk size and the attention alignment)"
         what = f"at least {smallest} tokens and {why}" if mamba_page is not None else why
         raise ConfigError(
-            f"block_size={user_block_size} is invalid: it must be {what}; "
+            f"{spell('block_size', user_block_size)} is invalid: it must be {what}; "
             f"the smallest valid value is {smallest} (or leave it unset to choose automatically)"
         )
     return user_block_size

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from runtime.distributed.env import under_torchrun
+from runtime.options import spell
 
 logger = logging.getLogger("tandem")
 
@@ -131,9 +132,9 @@ def _spawn(world_size: int, backend: str) -> Group:
 
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(
-            f"tensor_parallel_size={world_size} needs {world_size} GPUs (one per rank) but this machine has "
-            f"{torch.cuda.device_count()}; use at most {torch.cuda.device_count()}, run under torchrun across "
-            "machines, or pass --device cpu"
+            f"{spell('tensor_parallel_size', world_size)} needs {world_size} GPUs (one per rank) but this "
+            f"machine has {torch.cuda.device_count()}; use at most {torch.cuda.device_count()}, run under torchrun "
+            f"across machines, or pass {spell('device', 'cpu')}"
         )
 
     init_method = f"tcp://127.0.0.1:{_free_port()}"

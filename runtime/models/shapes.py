@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.interface import AttentionShape
+from runtime.options import spell
 
 
 def divisors(value: int) -> str:
@@ -18,7 +19,7 @@ def divisors(value: int) -> str:
 def _require_divisible(model: str, field: str, value: int, tp: int) -> None:
     if value % tp:
         raise ConfigError(
-            f"{model}: {field}={value} is not divisible by tensor_parallel_size={tp}; "
+            f"{model}: {field}={value} is not divisible by {spell('tensor_parallel_size', tp)}; "
             f"tensor-parallel sizes that divide it: {divisors(value)}"
         )
 
@@ -28,7 +29,7 @@ def padded_groups(model: str, n_groups: int, tp: int) -> int:
         return n_groups
     if n_groups != 1:
         raise ConfigError(
-            f"{model}: n_groups={n_groups} is not divisible by tensor_parallel_size={tp} "
+            f"{model}: n_groups={n_groups} is not divisible by {spell('tensor_parallel_size', tp)} "
             f"(only a single group can be replicated across ranks); tensor-parallel sizes that divide it: "
             f"{divisors(n_groups)}"
         )
@@ -75,6 +76,6 @@ def kv_shape(model: str, num_heads: int, num_kv_heads: int, head_size: int, tp: 
     elif tp % num_kv_heads:
         raise ConfigError(
             f"{model}: num_key_value_heads={num_kv_heads} cannot be replicated over "
-            f"tensor_parallel_size={tp}; choose a size that is a multiple or divisor of {num_kv_heads}"
+            f"{spell('tensor_parallel_size', tp)}; choose a size that is a multiple or divisor of {num_kv_heads}"
         )
     return AttentionShape(num_kv_heads=max(1, num_kv_heads // tp), head_size=head_size)

@@ -40,7 +40,7 @@ def test_cli_refuses_in_one_line_with_exit_2(tiny_checkpoint):
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
-    assert "num_attention_heads=4 is not divisible by tensor_parallel_size=3" in result.stderr
+    assert "num_attention_heads=4 is not divisible by --tensor-parallel-size 3" in result.stderr
     assert "1, 2, 4" in result.stderr
 
 

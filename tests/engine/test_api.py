@@ -61,7 +61,7 @@ def test_unknown_engine_option_is_refused(tiny_checkpoint):
 
 
 def test_a_pool_too_small_for_one_sequence_is_refused(tiny_checkpoint):
-    with pytest.raises(ValueError, match="cannot hold one sequence of max_model_len=512"):
+    with pytest.raises(ValueError, match=r"cannot hold one sequence of 512 tokens \(max_model_len=512\)"):
         LLM(tiny_checkpoint("llama")[0], max_model_len=512, num_pages=4)
 
 

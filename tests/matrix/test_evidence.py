@@ -44,7 +44,7 @@ def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, ro
     assert (f"{architecture} {label}: the declaration says {status} but no test proves it; add a test marked "
             f'@pytest.mark.proves("{architecture}", "{claim}") or set the declaration to planned(...) in '
             f"{evidence.declaration_file(architecture)}") in ran.out
-    assert "1 supported or partial cell(s) with no proving test" in ran.out
+    assert "1 supported or partial cell with no proving test" in ran.out
 
     add_proof(root, architecture, claim)
     stale = cli("check", "--root", str(root))

@@ -78,7 +78,7 @@ def test_lint_reports_file_line_col_and_the_fix_command_then_fixes(cli, tmp_path
     assert f"run `tandem matrix lint --fix {page}`" in ran.out
 
     fixed = cli("lint", "--fix", str(page))
-    assert fixed.code == 0 and f"fixed 2 glyph(s) in {page}" in fixed.out
+    assert fixed.code == 0 and f"fixed 2 glyphs in {page}" in fixed.out
     assert page.read_text(encoding="utf-8") == table + "| Bamba | ✅ |\n| Llama | ✅ |\n"
     assert cli("lint", str(page)).code == 0
 
@@ -91,7 +91,7 @@ def test_check_lints_hand_written_pages_and_render_fixes_them(cli, root):
     assert ran.code == 1
     assert "docs/contributing.md:1:15: G003 U+200B: zero-width character (ZERO WIDTH SPACE)" in ran.out
     assert ": G004 U+2714: lookalike ✔" in ran.out
-    assert "0 stale region(s) and 2 non-canonical glyph(s) in 1 file(s)" in ran.out
+    assert "0 stale regions and 2 non-canonical glyphs in 1 file;" in ran.out
     assert cli("render", "--root", str(root)).code == 0
     assert cli("check", "--root", str(root)).code == 0
     assert "| G001 ✅ |" in page.read_text(encoding="utf-8")

@@ -126,6 +126,13 @@ class Terminal:
             os.close(self.master)
 
 
+def test_chat_says_how_to_end_it_before_its_first_prompt():
+    result = subprocess.run([*TANDEM, "chat"], input="/exit\n", capture_output=True, text=True, timeout=GUARD_S)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == "Type a message and press Enter; /exit or Ctrl-D ends the chat."
+    assert result.stdout == "> "
+
+
 def test_chat_two_turns_in_a_terminal_with_the_shipped_chat_template():
     from runtime.llm import LLM
     from runtime.sampling_params import SamplingParams

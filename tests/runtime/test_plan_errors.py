@@ -78,7 +78,7 @@ def test_nemotron_pattern_with_unknown_layer(tmp_path):
 
 def test_block_size_too_small():
     result = plan(str(BAMBA), "--dtype", "bfloat16", "--block-size", "512")
-    assert_error(result, "block_size=512", "smallest valid value is 528")
+    assert_error(result, "--block-size 512 is invalid", "smallest valid value is 528")
 
 
 def test_block_size_unaligned():
@@ -95,12 +95,12 @@ def test_attention_only_block_must_be_aligned():
 
 
 def test_tp_that_does_not_divide_heads():
-    assert_error(plan(str(BAMBA), "--tp", "3"), "tensor_parallel_size=3", "128")
+    assert_error(plan(str(BAMBA), "--tp", "3"), "not divisible by --tensor-parallel-size 3", "128")
 
 
 def test_tp_that_does_not_divide_groups():
     nemotron = FIXTURES / "nvidia__Nemotron-H-8B-Base-8K"
-    assert_error(plan(str(nemotron), "--tp", "16"), "n_groups=8", "tensor_parallel_size=16")
+    assert_error(plan(str(nemotron), "--tp", "16"), "n_groups=8", "not divisible by --tensor-parallel-size 16")
 
 
 def test_unknown_dtype():

@@ -25,7 +25,7 @@ def test_a_bad_block_size_exits_2_naming_the_minimum(tiny_checkpoint):
     result = run_serve(model_dir, 0, "--block-size", "8")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
-    assert "block_size=8 is invalid" in result.stderr
+    assert "--block-size 8 is invalid" in result.stderr
     assert f"the smallest valid value is {smallest}" in result.stderr
 
 
