@@ -1,6 +1,7 @@
 """What a captured decode step (runtime/decode_graph.py) spends outside its kernels.
 
     python bench/replay.py --dtype bfloat16 --batch 1,32
+    PYTHONPATH=../before python bench/replay.py     # the same, for another checkout (a git worktree)
 
 Captures a decode step of the bench's hybrid (bench/throughput.py's checkpoint) at each batch size, then
 replays it: the wall time of a replay (median of --repeats), the ops in its program (native tandem::
@@ -19,7 +20,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
+# Appended, not prepended: with PYTHONPATH=OTHER_CHECKOUT, that checkout's runtime is the one measured.
+sys.path.append(str(Path(__file__).parents[1]))
 
 from bench.throughput import build_checkpoint, prompts  # noqa: E402
 
