@@ -77,3 +77,15 @@ def test_the_cpu_engine_runs_without_triton():
     assert result.returncode == 0, result.stderr[-3000:]
     refusals = result.stdout.strip().splitlines()[-2:]
     assert len(refusals) == 2 and all("pip install 'tandem[gpu]'" in line for line in refusals), result.stdout
+
+
+def test_the_wheel_carries_the_native_kernels_sources(tmp_path):
+    """A non-editable install compiles the native kernels on first use: the wheel must hold their sources."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)
+    import zipfile
+
+    (wheel,) = tmp_path.glob("tandem-*.whl")
+    names_in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("cpu_native.c", "ops.cpp", "tandem_cpu.h"):
+        assert f"runtime/kernels/csrc/{name}" in names_in_wheel
