@@ -272,7 +272,7 @@ def small_gemm(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def panel_dtypes() -> tuple[torch.dtype, ...]:
     """The weight types panel_gemm runs here: float32 where the CPU has AVX-512, bfloat16 where it
     has AVX-512 BF16 too; none elsewhere (or where the library does not build)."""
-    if not _loaded():
+    if not available():
         return ()
     supported = torch.ops.tandem.panel_gemm_dtypes()
     return tuple(dtype for bit, dtype in ((1, torch.float32), (2, torch.bfloat16)) if supported & bit)
@@ -308,7 +308,7 @@ def panel_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int
 def amx_ready() -> bool:
     """amx_gemm runs here: the library was built for a CPU with AMX, and Linux granted this process the AMX
     state (it asks once)."""
-    return _loaded() and torch.ops.tandem.amx_ready()
+    return available() and torch.ops.tandem.amx_ready()
 
 
 def amx_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
