@@ -23,6 +23,7 @@ from runtime.server.protocol import (
     Usage,
 )
 from runtime.server.state import ServerState
+from runtime.server.structured import compile_grammar
 from runtime.server.streaming import EventStream, TextDeltas, guarded, result_unless_disconnected, sse
 
 
@@ -42,6 +43,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     state.check_request(body)
     params = body.sampling_params(state.sampling_defaults)
     state.limits.check_params(params)
+    await compile_grammar(state.engine.engine, params.structured_outputs, body.structured_field)
     prompt = await render_prompt(state, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     handle = await state.engine.add(prompt, params, request_id, stream=body.stream)

@@ -2,7 +2,8 @@
 
 Field names and defaults are OpenAI's; `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
 `ignore_eos`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens` and `include_stop_str_in_output`
-are vLLM's extensions, under vLLM's names. Sampling fields left unset take the model's generation_config.json
+are vLLM's extensions, under vLLM's names, as are `structured_outputs` and the older `guided_json`, `guided_regex`,
+`guided_choice` and `guided_grammar` (runtime/server/structured.py). Sampling fields left unset take the model's generation_config.json
 defaults, as vLLM's server does.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
@@ -24,7 +25,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
     "tools": (None, []),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -45,6 +45,7 @@ class SamplingRequest(BaseModel):
 
     # NaN or infinity in a sampling value would poison the whole batch's step, not only this request.
     model_config = ConfigDict(allow_inf_nan=False)
+    _structured_field: str | None = PrivateAttr(default=None)
 
     model: str
     stream: bool = False
@@ -69,6 +70,13 @@ class SamplingRequest(BaseModel):
     allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Structured outputs: OpenAI's response_format, or vLLM's fields (one of them at most).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -84,15 +92,18 @@ class SamplingRequest(BaseModel):
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise InvalidField(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", name)
+        from runtime.server.structured import structured_outputs
+
+        spec, self._structured_field = structured_outputs(self)
         try:
-            return self._to_sampling_params(max_tokens, logprobs, prompt_logprobs, defaults)
+            return self._to_sampling_params(max_tokens, logprobs, prompt_logprobs, defaults, spec)
         except ValueError as err:
             # SamplingParams' messages start with the field's name: "top_p must be in (0, 1], got 0.0".
             name = re.split(r"[ =:]", str(err), maxsplit=1)[0]
             raise InvalidField(str(err), name if name in type(self).model_fields else None) from None
 
     def _to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
-                            defaults: dict[str, Any]) -> SamplingParams:
+                            defaults: dict[str, Any], structured_outputs=None) -> SamplingParams:
         def pick(name: str, default: Any) -> Any:
             value = getattr(self, name)
             return value if value is not None else defaults.get(name, default)
@@ -122,7 +133,13 @@ class SamplingRequest(BaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self.logit_bias,
             allowed_token_ids=self.allowed_token_ids,
+            structured_outputs=structured_outputs,
         )
+
+    @property
+    def structured_field(self) -> str | None:
+        """The field that asked for structured output (once sampling_params() has run), for errors."""
+        return self._structured_field
 
 
 # Completions ----------------------------------------------------------------------------------
@@ -249,7 +266,6 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM's extension
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
 
     def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
