@@ -144,3 +144,14 @@ def test_a_bad_constraint_is_a_400_naming_its_field(client, fields, param, words
     assert caught.value.body["param"] == param and words in caught.value.body["message"]
     # The server goes on serving.
     assert chat(client, extra_body={"guided_choice": ["ok"]}).choices[0].message.content == "ok"
+
+
+def test_logprobs_of_tokens_the_constraint_rules_out_are_numbers(client):
+    """-inf is not JSON: as vLLM, a ruled-out token's logprob is -9999.0 (null would break OpenAI's schema)."""
+    reply = chat(client, logprobs=True, top_logprobs=5, extra_body={"guided_choice": ["yes", "no"]}).choices[0]
+    tops = [top.logprob for step in reply.logprobs.content for top in step.top_logprobs]
+    assert all(isinstance(value, float) for value in tops) and -9999.0 in tops
+    completion = client.completions.create(model=MODEL, prompt="The page pool", max_tokens=8, temperature=0,
+                                           logprobs=5, extra_body={"guided_choice": ["yes", "no"]}).choices[0]
+    values = [v for step in completion.logprobs.top_logprobs for v in step.values()]
+    assert all(isinstance(value, float) for value in values) and -9999.0 in values
