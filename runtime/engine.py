@@ -375,6 +375,8 @@ class Engine:
     def _banned(self, seq: Sequence) -> list[int]:
         if len(seq.output_token_ids) >= seq.params.min_tokens:
             return []
+        if seq.grammar is not None and seq.grammar.can_only_end():
+            return []  # the structured output is complete: it ends now, however few tokens it has
         return sorted(set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_token_ids))
 
     def _append(self, seq: Sequence, token: int, top: dict[int, Logprob] | None, logprob: float | None) -> None:

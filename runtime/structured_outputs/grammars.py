@@ -106,16 +106,17 @@ class GrammarCompiler:
                 raise ebnf_error from None
 
     def matcher(self, spec: StructuredOutputsParams) -> GrammarState:
-        return GrammarState(self.compile(spec))
+        return GrammarState(self.compile(spec), self.vocab_size)
 
 
 class GrammarState:
     """Where one sequence is in its grammar: which tokens may come next, advanced by each accepted token."""
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, vocab_size: int):
         import xgrammar
 
         self._matcher = xgrammar.GrammarMatcher(compiled)
+        self._vocab_size = vocab_size
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
@@ -124,10 +125,29 @@ class GrammarState:
         if not self._matcher.accept_token(token):
             raise ValueError(f"token {token} does not continue the structured output's grammar")
 
+    def can_only_end(self) -> bool:
+        """The output is complete and nothing but a stop token may follow (then min_tokens cannot hold:
+        banning the stop tokens would leave no token at all)."""
+        if not self._matcher.is_completed():
+            return False
+        import xgrammar
+
+        bitmask = xgrammar.allocate_token_bitmask(1, self._vocab_size)
+        self._matcher.fill_next_token_bitmask(bitmask)
+        allowed = _unpack(bitmask[0], self._vocab_size)
+        allowed[list(self._matcher.stop_token_ids)] = False
+        return not bool(allowed.any())
+
     @property
     def finished(self) -> bool:
         """The grammar is complete and its stop token accepted, or nothing can follow what was generated."""
         return self._matcher.is_terminated()
+
+
+def _unpack(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A packed bitmask row (bit i of word i // 32 allows token i) as one bool per token."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    return ((words[:, None] >> shifts) & 1).flatten()[:vocab_size].bool()
 
 
 def apply_bitmasks(logits: torch.Tensor, states: list[GrammarState | None]) -> None:

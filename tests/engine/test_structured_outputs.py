@@ -161,3 +161,19 @@ def test_a_bad_constraint_is_a_value_error_naming_its_field(llm, spec, field):
 def test_structured_outputs_must_be_the_params_class():
     with pytest.raises(ValueError, match="StructuredOutputsParams"):
         SamplingParams(structured_outputs={"json": {}})
+
+
+def test_a_complete_output_ends_even_before_min_tokens(llm):
+    """Only EOS may follow "yes"; min_tokens would ban it and leave no token at all. The request ends with
+    its valid output (finish_reason stop), and the request beside it keeps its solo tokens."""
+    free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    solo = llm.generate(PROMPTS[1], free, use_tqdm=False)[0].outputs[0].token_ids
+    short = SamplingParams(temperature=0, max_tokens=20, min_tokens=8,
+                           structured_outputs=StructuredOutputsParams(choice=["yes"]))
+    outputs = llm.generate([PROMPTS[0], PROMPTS[1]], [short, free], use_tqdm=False)
+    assert (outputs[0].outputs[0].text, outputs[0].outputs[0].finish_reason) == ("yes", "stop")
+    assert outputs[1].outputs[0].token_ids == solo
+    # A grammar that may go on keeps min_tokens: "a" then EOS is complete, but more "a"s are allowed.
+    longer = SamplingParams(temperature=0, max_tokens=20, min_tokens=6,
+                            structured_outputs=StructuredOutputsParams(regex="a+"))
+    assert len(llm.generate(PROMPTS[0], longer, use_tqdm=False)[0].outputs[0].token_ids) >= 6
