@@ -177,3 +177,16 @@ def test_a_complete_output_ends_even_before_min_tokens(llm):
     longer = SamplingParams(temperature=0, max_tokens=20, min_tokens=6,
                             structured_outputs=StructuredOutputsParams(regex="a+"))
     assert len(llm.generate(PROMPTS[0], longer, use_tqdm=False)[0].outputs[0].token_ids) >= 6
+
+
+def test_chat_shows_the_tools_to_the_template_and_a_schema_constrains_the_arguments(llm):
+    template = ("{% for t in tools or [] %}tool {{ t.function.name }}\n{% endfor %}"
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    parameters = SCHEMAS[6]
+    tools = [{"type": "function", "function": {"name": "move", "parameters": parameters}}]
+    messages = [{"role": "user", "content": "Move the point."}]
+    params = constrained(json=parameters)
+    output = llm.chat(messages, params, chat_template=template, tools=tools, use_tqdm=False)[0]
+    expected = llm.get_tokenizer().apply_chat_template(messages, chat_template=template, tools=tools, tokenize=False)
+    assert output.prompt == expected and expected.startswith("tool move\n")
+    jsonschema.validate(json.loads(output.outputs[0].text), parameters)
