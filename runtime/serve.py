@@ -176,6 +176,7 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
     from runtime.server.tokenize import TokenizerWorker
 
     engine = Engine(config)
+    engine.grammars.warm_up()  # structured outputs: the vocabulary's tables, before any request can wait on them
 
     def tokenizer():
         # Two instances: the tokenizer worker's thread and the event loop must not share one.
