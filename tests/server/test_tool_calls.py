@@ -235,3 +235,20 @@ def test_an_unknown_parser_is_a_clean_cli_error():
                              "nope"], capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "--tool-call-parser 'nope': unknown parser" in result.stderr
+
+
+# What a tool-calling model writes under "auto", made certain with a regex (the shipped model would never).
+AUTO_CALL = (r'Let me check\. <tool_call>\{"name": "get_time", "arguments": \{"zone": "[A-Z]{3}"\}\}</tool_call>'
+             r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "Oslo", "unit": "C"\}\}</tool_call>')
+
+
+def test_auto_parses_the_calls_the_model_writes(client):
+    choice = create(client, tool_choice="auto", extra_body={"guided_regex": AUTO_CALL}).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check."
+    assert [c.function.name for c in choice.message.tool_calls] == ["get_time", "get_weather"]
+    for call in choice.message.tool_calls:
+        assert_valid(call)
+    calls, content, reasons = streamed(client, tool_choice="auto", extra_body={"guided_regex": AUTO_CALL})
+    assert reasons == ["tool_calls"] and content.strip() == "Let me check." and "<tool_call>" not in content
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
