@@ -29,7 +29,6 @@ from runtime.sampler import Sampler, SamplerOutput, top_logprobs
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler, SchedulerLimits
 from runtime.sequence import Sequence
-from runtime.structured_outputs.grammars import GrammarCompiler
 from runtime.stats import (
     BATCH_BUCKETS,
     E2E_BUCKETS,
@@ -38,6 +37,7 @@ from runtime.stats import (
     EngineStats,
     Histogram,
 )
+from runtime.structured_outputs.grammars import GrammarCompiler
 
 logger = logging.getLogger("tandem")
 

@@ -1,5 +1,6 @@
 """Turning last-token logits into next tokens, as vLLM's sampler: the structured-output grammars' token
-bitmasks, the logits processors (runtime/logits_processors.py), greedy or temperature, min_p, top-k, top-p, per-request seeds, logprobs."""
+bitmasks, the logits processors (runtime/logits_processors.py), greedy or temperature, min_p, top-k, top-p,
+per-request seeds, logprobs."""
 
 from __future__ import annotations
 

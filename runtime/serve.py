@@ -39,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--chat-template", type=Path, default=None,
                         help="a Jinja chat template file, for a tokenizer that has none (or to replace its own)")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
-                        help='let the model decide whether to call tools (tool_choice "auto"); needs --tool-call-parser')
+                        help='let the model decide whether to call tools (tool_choice "auto"); '
+                             "needs --tool-call-parser")
     parser.add_argument("--tool-call-parser", default=None, metavar="NAME",
                         help="how to find tool calls in the model's text for tool_choice \"auto\": hermes, qwen3, "
                              "granite or llama3_json")

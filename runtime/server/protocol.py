@@ -2,9 +2,9 @@
 
 Field names and defaults are OpenAI's; `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
 `ignore_eos`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens` and `include_stop_str_in_output`
-are vLLM's extensions, under vLLM's names, as are `structured_outputs` and the older `guided_json`, `guided_regex`,
-`guided_choice` and `guided_grammar` (runtime/server/structured.py). Sampling fields left unset take the model's generation_config.json
-defaults, as vLLM's server does.
+are vLLM's extensions, under vLLM's names, as are `structured_outputs` and the older `guided_json`,
+`guided_regex`, `guided_choice` and `guided_grammar` (runtime/server/structured.py). Sampling fields left unset
+take the model's generation_config.json defaults, as vLLM's server does.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
+from runtime.structured_outputs import StructuredOutputsParams
 
 # As vLLM: more top log-probabilities per token than this is refused.
 MAX_LOGPROBS = 20
@@ -103,7 +104,8 @@ class SamplingRequest(BaseModel):
             raise InvalidField(str(err), name if name in type(self).model_fields else None) from None
 
     def _to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
-                            defaults: dict[str, Any], structured_outputs=None) -> SamplingParams:
+                            defaults: dict[str, Any],
+                            structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         def pick(name: str, default: Any) -> Any:
             value = getattr(self, name)
             return value if value is not None else defaults.get(name, default)

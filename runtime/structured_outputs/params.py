@@ -83,5 +83,6 @@ def _choices(value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ValueError(f"structured_outputs.choice must be a list of strings, got {value!r}")
     if not value or not all(isinstance(c, str) and c for c in value):
-        raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, got {list(value)!r}")
+        raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings, "
+                         f"got {list(value)!r}")
     return tuple(value)
