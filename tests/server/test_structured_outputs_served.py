@@ -155,3 +155,29 @@ def test_logprobs_of_tokens_the_constraint_rules_out_are_numbers(client):
                                            logprobs=5, extra_body={"guided_choice": ["yes", "no"]}).choices[0]
     values = [v for step in completion.logprobs.top_logprobs for v in step.values()]
     assert all(isinstance(value, float) for value in values) and -9999.0 in values
+
+
+def test_a_slow_schema_does_not_hold_up_other_requests(client):
+    """Its grammar compiles on a worker thread (seconds, for 3000 patterned fields): a request sent meanwhile is
+    served at once. Compiled on the engine thread, it would wait for the compilation to end."""
+    import threading
+    import time
+
+    fields = {f"slow_{i}": {"type": "string", "pattern": f"^[a-z]{{{i % 5 + 1}}}[0-9]{{2,{i % 7 + 3}}}$"}
+              for i in range(3000)}
+    schema = {"type": "object", "properties": fields, "required": list(fields)}
+    took = {}
+
+    def slow():
+        start = time.monotonic()
+        chat(client, response_format=json_schema(schema), max_tokens=1)
+        took["slow"] = time.monotonic() - start
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(0.5)  # the slow request is in, compiling
+    start = time.monotonic()
+    client.completions.create(model=MODEL, prompt="The page pool", max_tokens=4, temperature=0)
+    took["other"] = time.monotonic() - start
+    thread.join()
+    assert took["slow"] > 2.0 and took["other"] < took["slow"] / 3, took
