@@ -20,7 +20,7 @@ from runtime.structured_outputs.params import StructuredOutputsParams
 CACHE_SIZE = 256
 # JSON may have free whitespace between its tokens (as vLLM), but at most this many characters in a row: a
 # model that favours whitespace would otherwise spin in it until max_tokens (vLLM's known "whitespace loop").
-# 20 holds a newline and the indentation of pretty-printed JSON five levels deep.
+# 20 holds a newline and the indentation of pretty-printed JSON four levels deep (four spaces a level).
 MAX_WHITESPACE = 20
 # The JSON schema of json_object: any object (OpenAI's JSON mode promises an object, not any JSON value).
 ANY_OBJECT = {"type": "object"}
