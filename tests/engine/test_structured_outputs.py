@@ -190,3 +190,17 @@ def test_chat_shows_the_tools_to_the_template_and_a_schema_constrains_the_argume
     expected = llm.get_tokenizer().apply_chat_template(messages, chat_template=template, tools=tools, tokenize=False)
     assert output.prompt == expected and expected.startswith("tool move\n")
     jsonschema.validate(json.loads(output.outputs[0].text), parameters)
+
+
+def test_preempted_constrained_requests_resume_where_their_grammar_was(llm):
+    """A preempted sequence is recomputed from its tokens; its matcher keeps its place, so the output goes on
+    as if nothing happened."""
+    params = [constrained(json=s, max_tokens=120) for s in SCHEMAS[:6]]
+    prompts = ["Tandem is " * 8] * 6
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    # The shipped model's pages: 80-token attention blocks and two state pages a sequence. Six pages run two
+    # sequences at once, and one crossing its 80th token takes a block the other must give up.
+    small = LLM(max_model_len=160, num_pages=6)
+    outputs = small.generate(prompts, params, use_tqdm=False)
+    assert sum(o.num_preemptions for o in outputs) > 0
+    assert [o.outputs[0].token_ids for o in outputs] == expected
