@@ -19,10 +19,11 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "StructuredOutputsParams"]
 
 _LOCATIONS = {"LLM": "runtime.llm", "SamplingParams": "runtime.sampling_params", "RequestOutput": "runtime.outputs",
-              "CompletionOutput": "runtime.outputs", "Logprob": "runtime.outputs"}
+              "CompletionOutput": "runtime.outputs", "Logprob": "runtime.outputs",
+              "StructuredOutputsParams": "runtime.structured_outputs"}
 
 
 def __getattr__(name: str):

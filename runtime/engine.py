@@ -38,6 +38,7 @@ from runtime.stats import (
     EngineStats,
     Histogram,
 )
+from runtime.structured_outputs.grammars import GrammarCompiler
 
 logger = logging.getLogger("tandem")
 
@@ -142,6 +143,7 @@ class Engine:
         self.scheduler = Scheduler(self.cache, limits)
         self.sampler = Sampler()
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
         self._ids = itertools.count()
         self._seqs: dict[str, Sequence] = {}
         self._parents: dict[str, ParentRequest] = {}
@@ -204,6 +206,9 @@ class Engine:
                 if value is not None and value > self.config.max_logprobs:
                     raise ValueError(f"{name}={value} is more than {spell('max_logprobs', self.config.max_logprobs)}"
                                      f"; ask for fewer, or raise {spell('max_logprobs')}")
+            if params.structured_outputs is not None:
+                # Compiled (or found in the cache) now, so a bad schema is refused before anything is queued.
+                self.grammars.compile(params.structured_outputs)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
                     stream: bool = False) -> str:
@@ -230,6 +235,8 @@ class Engine:
             torch.Generator(device=self.runner.device).manual_seed(params.seed) if params.seed is not None else None
         )
         self._timings[seq.request_id] = Timing(time.monotonic())
+        if params.structured_outputs is not None:
+            seq.grammar = self.grammars.matcher(params.structured_outputs)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None]
         self.scheduler.add(seq)
@@ -318,8 +325,9 @@ class Engine:
 
     def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor,
                      generators: list[torch.Generator | None]) -> SamplerOutput:
+        grammars = [s.grammar for s in seqs] if any(s.grammar is not None for s in seqs) else None
         return self.sampler(logits, [s.params for s in seqs], generators, [self._banned(s) for s in seqs],
-                            [(s.prompt_token_ids, s.output_token_ids) for s in seqs])
+                            [(s.prompt_token_ids, s.output_token_ids) for s in seqs], grammars)
 
     def _add_prompt_logprobs(self, chunk: PromptLogits) -> None:
         """Logprobs of the prompt tokens that `chunk`'s positions predict; positions recomputed after a
@@ -371,9 +379,13 @@ class Engine:
     def _banned(self, seq: Sequence) -> list[int]:
         if len(seq.output_token_ids) >= seq.params.min_tokens:
             return []
+        if seq.grammar is not None and seq.grammar.can_only_end():
+            return []  # the structured output is complete: it ends now, however few tokens it has
         return sorted(set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_token_ids))
 
     def _append(self, seq: Sequence, token: int, top: dict[int, Logprob] | None, logprob: float | None) -> None:
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         seq.output_token_ids.append(token)
         self.counters.generated_tokens += 1
         if top is not None:
@@ -390,6 +402,8 @@ class Engine:
             return "stop", None
         if token in params.stop_token_ids:
             return "stop", token
+        if seq.grammar is not None and seq.grammar.finished:
+            return "stop", None  # the structured output is complete: nothing more may follow
         if params.stop:
             stop = self._find_stop_string(seq)
             if stop is not None:

@@ -55,12 +55,15 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
         """Generate a reply to one conversation (a list of {"role", "content"} messages) or to each of a list
-        of them, through the tokenizer's chat template or `chat_template` (a Jinja template string), as vLLM's."""
+        of them, through the tokenizer's chat template or `chat_template` (a Jinja template string), as vLLM's.
+        `tools` (OpenAI's function definitions) go to the template, for templates that show them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        kwargs = {**(chat_template_kwargs or {}), **({"tools": tools} if tools is not None else {})}
         prompts = [render_chat(self.get_tokenizer(), conversation, chat_template, add_generation_prompt,
-                               continue_final_message, chat_template_kwargs or {})
+                               continue_final_message, kwargs)
                    for conversation in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

@@ -1,5 +1,6 @@
-"""Turning last-token logits into next tokens, as vLLM's sampler: the logits processors
-(runtime/logits_processors.py), greedy or temperature, min_p, top-k, top-p, per-request seeds, logprobs."""
+"""Turning last-token logits into next tokens, as vLLM's sampler: the structured-output grammars' token
+bitmasks, the logits processors (runtime/logits_processors.py), greedy or temperature, min_p, top-k, top-p,
+per-request seeds, logprobs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from runtime import logits_processors
 from runtime.outputs import Logprob
 from runtime.sampling_params import SamplingParams
+from runtime.structured_outputs.grammars import GrammarState, apply_bitmasks
 
 
 @dataclass
@@ -56,9 +58,10 @@ class SamplingError(ValueError):
 def _no_token_error(params: SamplingParams) -> SamplingError:
     """A row whose every logit is -inf (or nan): greedy would pick token 0, which may be banned, and sampling
     would divide by zero. SamplingParams refuses the constraints that ban every token up front, so only the
-    model's own logits get here."""
+    model's own logits, or a grammar whose only continuation another constraint bans, get here."""
+    structured = ", and the structured output's grammar" if params.structured_outputs is not None else ""
     return SamplingError(f"no token can be generated: every logit is -inf or nan after the constraints "
-                         f"(allowed_token_ids {params.allowed_token_ids}, min_tokens {params.min_tokens})")
+                         f"(allowed_token_ids {params.allowed_token_ids}, min_tokens {params.min_tokens}{structured})")
 
 
 class Sampler:
@@ -69,10 +72,16 @@ class Sampler:
         generators: list[torch.Generator | None],
         banned_token_ids: list[list[int]],
         histories: list[tuple[list[int], list[int]]] | None = None,
+        grammars: list[GrammarState | None] | None = None,
     ) -> SamplerOutput:
-        """`histories`: per row, (prompt token ids, output token ids so far), for the penalties."""
+        """`histories`: per row, (prompt token ids, output token ids so far), for the penalties. `grammars`:
+        per row, the structured output's grammar state (None for an unconstrained row)."""
         # A copy: the model's logits are inference tensors, which the processors below may not write into.
         logits = logits.to(torch.float32, copy=True)
+        # First, as vLLM (whose model runner masks the logits before its sampler): the logprobs reported
+        # are those of the constrained distribution. Outside the model's forward, so captured steps are alike.
+        if grammars is not None:
+            apply_bitmasks(logits, grammars)
         # Log-probabilities of the model's own distribution, before any processing (vLLM's raw_logprobs).
         raw = logits.log_softmax(dim=-1) if any(p.logprobs is not None for p in params) else None
         logits_processors.process(logits, params, banned_token_ids, histories or [([], [])] * len(params))

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.structured_outputs.params import StructuredOutputsParams
+
 # As vLLM's _SAMPLING_EPS: a temperature below this is greedy. Dividing logits by it would overflow
 # float32 (1e-40 is 0 there) and hand inf/nan to the sampler.
 SAMPLING_EPS = 1e-5
@@ -37,7 +39,8 @@ class SamplingParams:
     the logits of token ids (clamped to [-100, 100]); `allowed_token_ids` restricts sampling to those ids.
     `logprobs=N` returns the N most likely tokens' log-probabilities at each step (plus the sampled one);
     `prompt_logprobs=N` does the same for each prompt token after the first. `n` completions per prompt.
-    Stop strings are removed from the returned text.
+    Stop strings are removed from the returned text. `structured_outputs` (a StructuredOutputsParams)
+    constrains the output to a JSON schema, a regex, a choice of strings or a grammar.
     """
 
     n: int = 1
@@ -60,6 +63,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = field(default=None, hash=False)
     allowed_token_ids: tuple[int, ...] | None = None
+    structured_outputs: StructuredOutputsParams | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -110,6 +114,9 @@ class SamplingParams:
                 raise ValueError("allowed_token_ids must not be empty; leave it unset to allow every token")
             for t in self.allowed_token_ids:
                 _token_id(t, "allowed_token_ids")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams (from runtime import "
+                             f"StructuredOutputsParams), got {type(self.structured_outputs).__name__}")
 
     @property
     def greedy(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.outputs import Logprob
 from runtime.sampling_params import SamplingParams
@@ -48,6 +49,8 @@ class Sequence:
     cumulative_logprob: float = 0.0
     # Set when a stop string cut the text; otherwise the text is decoded from output_token_ids.
     text: str | None = None
+    # With params.structured_outputs: the GrammarState that says which tokens may come next.
+    grammar: Any = None
 
     @property
     def token_ids(self) -> list[int]:

@@ -39,6 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="the name clients pass as `model` (default: the model directory's name)")
     parser.add_argument("--chat-template", type=Path, default=None,
                         help="a Jinja chat template file, for a tokenizer that has none (or to replace its own)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='let the model decide whether to call tools (tool_choice "auto"); '
+                             "needs --tool-call-parser")
+    parser.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                        help="how to find tool calls in the model's text for tool_choice \"auto\": hermes, qwen3, "
+                             "granite or llama3_json")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds that in-flight requests get to finish on SIGINT or SIGTERM (default 10)")
     add_engine_arguments(parser)
@@ -111,6 +117,13 @@ def check_server_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--shutdown-timeout must be 0 or more, got {args.shutdown_timeout}")
     if args.chat_template is not None and not args.chat_template.is_file():
         raise ValueError(f"--chat-template {args.chat_template}: no such file")
+    if args.tool_call_parser is not None:
+        from runtime.server.tool_parsers import get_parser
+
+        get_parser(args.tool_call_parser)
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, qwen3, granite or "
+                         "llama3_json) to find the calls in the model's text")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -167,6 +180,7 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
     from runtime.server.tokenize import TokenizerWorker
 
     engine = Engine(config)
+    engine.grammars.warm_up()  # structured outputs: the vocabulary's tables, before any request can wait on them
 
     def tokenizer():
         # Two instances: the tokenizer worker's thread and the event loop must not share one.
@@ -184,6 +198,8 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
         limits=limits,
         api_key=key,
         sampling_defaults=generation_defaults(config.model_dir),
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
     )
     return GracefulServer(build_app(state, enable_openapi=args.enable_openapi), args.host, args.port,
                           args.shutdown_timeout, log_level="info" if args.verbose else "warning")

@@ -17,6 +17,7 @@ from runtime.server.async_engine import RequestHandle
 from runtime.server.logprobs import completion_logprobs, prompt_logprobs_json
 from runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from runtime.server.state import ServerState
+from runtime.server.structured import compile_grammar
 from runtime.server.streaming import EventStream, TextDeltas, guarded, merged, results_unless_disconnected, sse
 
 
@@ -24,6 +25,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     state.check_request(body)
     params = body.sampling_params(state.sampling_defaults)
     state.limits.check_params(params)
+    await compile_grammar(state.engine.engine, params.structured_outputs, body.structured_field)
     prompts = []
     for prompt in body.engine_prompts():
         if isinstance(prompt, str):

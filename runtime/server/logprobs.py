@@ -13,9 +13,19 @@ from runtime.server.protocol import (
 )
 
 
+# As vLLM's server: a token that a constraint (a structured output's grammar) rules out has logprob -inf,
+# which JSON cannot hold (it would be written as null); it is reported as this.
+MIN_LOGPROB = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
 def _top(logprobs: dict[int, Logprob], num_top: int) -> list[tuple[int, float]]:
     # The engine's dict holds the top `num_top` and the sampled token, which may be an extra entry.
-    return sorted(((t, lp.logprob) for t, lp in logprobs.items()), key=lambda item: -item[1])[:num_top]
+    top = sorted(((t, lp.logprob) for t, lp in logprobs.items()), key=lambda item: -item[1])[:num_top]
+    return [(t, _finite(lp)) for t, lp in top]
 
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, Logprob] | None], num_top: int,
@@ -26,7 +36,7 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int
     for token_id, step in zip(token_ids, logprobs, strict=True):
         token = tokenizer.decode([token_id])
         out.tokens.append(token)
-        out.token_logprobs.append(step[token_id].logprob if step is not None else None)
+        out.token_logprobs.append(_finite(step[token_id].logprob) if step is not None else None)
         out.top_logprobs.append({tokenizer.decode([t]): lp for t, lp in _top(step, num_top)} if step is not None
                                 else None)
         out.text_offset.append(text_offset)
@@ -50,6 +60,6 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, Logp
     content = []
     for token_id, step in zip(token_ids, logprobs, strict=True):
         top = [_entry(tokenizer, t, lp) for t, lp in _top(step, num_top)]
-        content.append(TokenLogprob(**_entry(tokenizer, token_id, step[token_id].logprob).model_dump(),
+        content.append(TokenLogprob(**_entry(tokenizer, token_id, _finite(step[token_id].logprob)).model_dump(),
                                     top_logprobs=top))
     return ChatLogprobs(content=content)

@@ -2,19 +2,22 @@
 
 Field names and defaults are OpenAI's; `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
 `ignore_eos`, `prompt_logprobs`, `allowed_token_ids`, `skip_special_tokens` and `include_stop_str_in_output`
-are vLLM's extensions, under vLLM's names. Sampling fields left unset take the model's generation_config.json
-defaults, as vLLM's server does.
+are vLLM's extensions, under vLLM's names, as are `structured_outputs` and the older `guided_json`,
+`guided_regex`, `guided_choice` and `guided_grammar` (runtime/server/structured.py). Sampling fields left unset
+take the model's generation_config.json defaults, as vLLM's server does.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
+from runtime.structured_outputs import StructuredOutputsParams
 
 # As vLLM: more top log-probabilities per token than this is refused.
 MAX_LOGPROBS = 20
@@ -23,8 +26,6 @@ MAX_LOGPROBS = 20
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "tools": (None, []),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -45,6 +46,7 @@ class SamplingRequest(BaseModel):
 
     # NaN or infinity in a sampling value would poison the whole batch's step, not only this request.
     model_config = ConfigDict(allow_inf_nan=False)
+    _structured_field: str | None = PrivateAttr(default=None)
 
     model: str
     stream: bool = False
@@ -69,6 +71,13 @@ class SamplingRequest(BaseModel):
     allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Structured outputs: OpenAI's response_format, or vLLM's fields (one of them at most).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -84,15 +93,19 @@ class SamplingRequest(BaseModel):
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise InvalidField(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", name)
+        from runtime.server.structured import structured_outputs
+
+        spec, self._structured_field = structured_outputs(self)
         try:
-            return self._to_sampling_params(max_tokens, logprobs, prompt_logprobs, defaults)
+            return self._to_sampling_params(max_tokens, logprobs, prompt_logprobs, defaults, spec)
         except ValueError as err:
             # SamplingParams' messages start with the field's name: "top_p must be in (0, 1], got 0.0".
             name = re.split(r"[ =:]", str(err), maxsplit=1)[0]
             raise InvalidField(str(err), name if name in type(self).model_fields else None) from None
 
     def _to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
-                            defaults: dict[str, Any]) -> SamplingParams:
+                            defaults: dict[str, Any],
+                            structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         def pick(name: str, default: Any) -> Any:
             value = getattr(self, name)
             return value if value is not None else defaults.get(name, default)
@@ -122,7 +135,13 @@ class SamplingRequest(BaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self.logit_bias,
             allowed_token_ids=self.allowed_token_ids,
+            structured_outputs=structured_outputs,
         )
+
+    @property
+    def structured_field(self) -> str | None:
+        """The field that asked for structured output (once sampling_params() has run), for errors."""
+        return self._structured_field
 
 
 # Completions ----------------------------------------------------------------------------------
@@ -224,20 +243,69 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # An assistant turn's calls, and a tool turn's answer to one of them.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
-    def template_input(self) -> dict[str, str]:
+    def template_input(self) -> dict[str, Any]:
         if isinstance(self.content, list):
             content = "".join(part.text for part in self.content)
         else:
             content = self.content or ""
-        message = {"role": self.role, "content": content}
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            # As vLLM: the arguments as a dict, which is what chat templates (Qwen's, Granite's, Llama's) expect.
+            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": _arguments(call.function.arguments)}}
+                for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -248,8 +316,10 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM's extension
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    # None: "auto" with tools, "none" without (OpenAI's default).
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
 
     def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
@@ -278,7 +348,8 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -299,9 +370,22 @@ class ChatCompletionResponse(BaseModel):
     prompt_logprobs: PromptLogprobsJSON | None = None
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

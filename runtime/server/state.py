@@ -27,6 +27,9 @@ class ServerState:
     api_key: str | None = None
     # The model's generation_config.json sampling defaults, for the fields a request leaves unset (as vLLM).
     sampling_defaults: dict = field(default_factory=dict)
+    # Tool calling: `tool_choice: "auto"` needs both (vLLM's --enable-auto-tool-choice --tool-call-parser).
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     # Responses by (method, route, status code), for /metrics; touched by the event loop only.
     http_responses: Counter = field(default_factory=Counter)

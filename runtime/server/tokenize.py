@@ -25,17 +25,19 @@ class TokenizerWorker:
         """{"prompt": text, "prompt_token_ids": ids}, what the engine takes."""
         return await self._run(self._encode, text, True)
 
-    async def render_chat(self, messages: list[dict], add_generation_prompt: bool) -> dict:
-        """The prompt the chat template makes of the messages, as text and token ids."""
-        return await self._run(self._render_chat, messages, add_generation_prompt)
+    async def render_chat(self, messages: list[dict], add_generation_prompt: bool,
+                          tools: list[dict] | None = None) -> dict:
+        """The prompt the chat template makes of the messages (and the tools, for templates that show them),
+        as text and token ids."""
+        return await self._run(self._render_chat, messages, add_generation_prompt, tools)
 
     def _encode(self, text: str, add_special_tokens: bool) -> dict:
         return {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=add_special_tokens)}
 
-    def _render_chat(self, messages: list[dict], add_generation_prompt: bool) -> dict:
+    def _render_chat(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> dict:
         try:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                      tokenize=False)
+                                                      tokenize=False, tools=tools)
         except TemplateError as err:
             raise ValueError(f"the chat template refused these messages: {err}") from None
         # The template writes the special tokens it wants (a BOS, say); encoding must not add them a second time.
