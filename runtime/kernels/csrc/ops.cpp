@@ -32,34 +32,42 @@ std::string dtype_names(std::initializer_list<ScalarType> dtypes) {
   return names;
 }
 
+// A check whose message is built only when it fails: a launch pays for the comparisons alone (building the
+// messages up front cost 10-30 us a launch, more than the kernels of a batch-1 decode step).
+#define TANDEM_REQUIRE(args, ok, name, what) \
+  do {                                       \
+    if (!(ok)) (args).fail(name, what);      \
+  } while (false)
+
 // The checks of one operator's arguments; each failure names the operator and the argument.
 class Args {
  public:
   explicit Args(const char *op) : op_(op) {}
 
-  void require(bool ok, const char *name, const std::string &what) const {
-    TORCH_CHECK(ok, "tandem::", op_, ": argument '", name, "' ", what);
+  void fail(const char *name, const std::string &what) const {
+    TORCH_CHECK(false, "tandem::", op_, ": argument '", name, "' ", what);
   }
 
   // A CPU tensor of `dims` dimensions and one of `dtypes`.
   void tensor(const char *name, const Tensor &t, std::initializer_list<ScalarType> dtypes, int64_t dims) const {
-    require(t.defined(), name, "is undefined");
-    require(t.device().is_cpu(), name, "must be on the CPU, got " + t.device().str());
+    TANDEM_REQUIRE(*this, t.defined(), name, "is undefined");
+    TANDEM_REQUIRE(*this, t.device().is_cpu(), name, "must be on the CPU, got " + t.device().str());
     bool known = false;
     for (ScalarType dtype : dtypes) known |= t.scalar_type() == dtype;
-    require(known, name, "must be " + dtype_names(dtypes) + ", got " + c10::toString(t.scalar_type()));
-    require(t.dim() == dims, name,
+    TANDEM_REQUIRE(*this, known, name, "must be " + dtype_names(dtypes) + ", got " + c10::toString(t.scalar_type()));
+    TANDEM_REQUIRE(*this, t.dim() == dims, name,
             "must have " + std::to_string(dims) + " dimensions, got shape " + c10::str(t.sizes()));
   }
 
   void same_dtype(const char *name, const Tensor &t, const Tensor &like, const char *like_name) const {
-    require(t.scalar_type() == like.scalar_type(), name,
+    TANDEM_REQUIRE(*this, t.scalar_type() == like.scalar_type(), name,
             std::string("must have the dtype of '") + like_name + "' (" + c10::toString(like.scalar_type()) +
                 "), got " + c10::toString(t.scalar_type()));
   }
 
   void shape(const char *name, const Tensor &t, c10::IntArrayRef expected) const {
-    require(t.sizes() == expected, name, "must have shape " + c10::str(expected) + ", got " + c10::str(t.sizes()));
+    TANDEM_REQUIRE(*this, t.sizes() == expected, name,
+                   "must have shape " + c10::str(expected) + ", got " + c10::str(t.sizes()));
   }
 
   // The dimensions from `first` on are laid out contiguously (the kernels compute offsets within them);
@@ -67,7 +75,7 @@ class Args {
   void contiguous_from(const char *name, const Tensor &t, int64_t first) const {
     int64_t expected = 1;
     for (int64_t d = t.dim() - 1; d >= first; d--) {
-      require(t.size(d) == 1 || t.stride(d) == expected, name,
+      TANDEM_REQUIRE(*this, t.size(d) == 1 || t.stride(d) == expected, name,
               "must be contiguous in its last " + std::to_string(t.dim() - first) + " dimension(s), got strides " +
                   c10::str(t.strides()) + " for shape " + c10::str(t.sizes()));
       expected *= t.size(d);
@@ -85,7 +93,7 @@ class Args {
 
   // A count the C core takes as an int.
   int count(const char *name, int64_t value) const {
-    require(value >= 0 && value <= INT_MAX, name, "has a size out of range: " + std::to_string(value));
+    TANDEM_REQUIRE(*this, value >= 0 && value <= INT_MAX, name, "has a size out of range: " + std::to_string(value));
     return static_cast<int>(value);
   }
 
@@ -93,7 +101,7 @@ class Args {
   void slots(const char *name, const Tensor &slots, int64_t limit) const {
     const int64_t *values = slots.data_ptr<int64_t>();
     for (int64_t i = 0; i < slots.numel(); i++)
-      require(values[i] >= -1 && values[i] < limit, name,
+      TANDEM_REQUIRE(*this, values[i] >= -1 && values[i] < limit, name,
               "holds " + std::to_string(values[i]) + " at " + std::to_string(i) + ", outside [-1, " +
                   std::to_string(limit) + ")");
   }
@@ -102,9 +110,9 @@ class Args {
   void starts(const char *name, const Tensor &starts, int64_t tokens) const {
     const int32_t *values = starts.data_ptr<int32_t>();
     const int64_t n = starts.numel();
-    require(values[0] == 0 && values[n - 1] == tokens, name,
+    TANDEM_REQUIRE(*this, values[0] == 0 && values[n - 1] == tokens, name,
             "must run from 0 to the number of tokens, " + std::to_string(tokens));
-    for (int64_t i = 1; i < n; i++) require(values[i] >= values[i - 1], name, "must not decrease");
+    for (int64_t i = 1; i < n; i++) TANDEM_REQUIRE(*this, values[i] >= values[i - 1], name, "must not decrease");
   }
 
  private:
@@ -147,7 +155,7 @@ void ssm_state_update(const Tensor &states, const Tensor &slots, const Tensor &x
   args.same_dtype("B", B, x, "x");
   args.shape("B", B, {seqs, groups, d_state});
   args.contiguous_from("B", B, 1);
-  args.require(groups > 0 && heads % groups == 0, "B", "must have a number of groups that divides the heads");
+  TANDEM_REQUIRE(args, groups > 0 && heads % groups == 0, "B", "must have a number of groups that divides the heads");
   args.tensor("C", C, kNative, 3);
   args.same_dtype("C", C, x, "x");
   args.shape("C", C, {seqs, groups, d_state});
@@ -175,7 +183,7 @@ void conv_update(const Tensor &states, const Tensor &slots, const Tensor &x, con
   args.contiguous_from("x", x, 1);
   const int64_t seqs = x.size(0), dim = x.size(1);
   args.tensor("weight", weight, {ScalarType::Float}, 2);
-  args.require(weight.size(0) == dim && weight.size(1) >= 1, "weight",
+  TANDEM_REQUIRE(args, weight.size(0) == dim && weight.size(1) >= 1, "weight",
                "must have shape [dim, width] with dim " + std::to_string(dim) + ", got " + c10::str(weight.sizes()));
   args.contiguous("weight", weight);
   const int64_t width = weight.size(1);
@@ -224,7 +232,7 @@ void ssm_scan(const Tensor &states, const Tensor &slots, const Tensor &starts, c
                 d_state = B.size(2);
   args.shape("B", B, {tokens, groups, d_state});
   args.contiguous("B", B);
-  args.require(groups > 0 && heads % groups == 0, "B", "must have a number of groups that divides the heads");
+  TANDEM_REQUIRE(args, groups > 0 && heads % groups == 0, "B", "must have a number of groups that divides the heads");
   args.tensor("C", C, {ScalarType::Float}, 3);
   args.shape("C", C, {tokens, groups, d_state});
   args.contiguous("C", C);
@@ -258,7 +266,7 @@ void conv_fn(const Tensor &states, const Tensor &slots, const Tensor &starts, co
   args.contiguous_from("x", x, 1);
   const int64_t tokens = x.size(0), dim = x.size(1);
   args.tensor("weight_t", weight_t, {ScalarType::Float}, 2);
-  args.require(weight_t.size(1) == dim && weight_t.size(0) >= 1, "weight_t",
+  TANDEM_REQUIRE(args, weight_t.size(1) == dim && weight_t.size(0) >= 1, "weight_t",
                "must have shape [width, dim] with dim " + std::to_string(dim) + ", got " +
                    c10::str(weight_t.sizes()));
   args.contiguous("weight_t", weight_t);
@@ -297,7 +305,7 @@ void rms_norm(const Tensor &x, const OptionalTensor &z, const Tensor &weight, do
   args.same_dtype("weight", weight, x, "x");
   args.shape("weight", weight, {dim});
   args.contiguous("weight", weight);
-  args.require(group_size > 0 && dim % group_size == 0, "group_size",
+  TANDEM_REQUIRE(args, group_size > 0 && dim % group_size == 0, "group_size",
                "must divide the row size " + std::to_string(dim) + ", got " + std::to_string(group_size));
   rows_like(args, "out", out, x, "x");
   args.contiguous("out", out);
@@ -316,7 +324,7 @@ void rotary(const Tensor &x, const Tensor &cos, const Tensor &sin, const Tensor 
   const int64_t rotary_dim = cos.size(1);
   args.shape("cos", cos, {tokens, rotary_dim});
   args.contiguous("cos", cos);
-  args.require(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "cos",
+  TANDEM_REQUIRE(args, rotary_dim % 2 == 0 && rotary_dim <= head_dim, "cos",
                "must have an even number of columns, at most the head dim " + std::to_string(head_dim));
   args.tensor("sin", sin, kNative, 2);
   args.same_dtype("sin", sin, x, "x");
@@ -342,7 +350,8 @@ void linear(const char *op, Linear kernel, int64_t max_rows, const Tensor &weigh
   args.contiguous("x", x);
   const int64_t rows = x.size(0);
   args.shape("x", x, {rows, in_features});
-  args.require(rows <= max_rows, "x", "has " + std::to_string(rows) + " rows, more than " + std::to_string(max_rows));
+  TANDEM_REQUIRE(args, rows <= max_rows, "x",
+                 "has " + std::to_string(rows) + " rows, more than " + std::to_string(max_rows));
   args.optional("bias", bias, ScalarType::Float, {out_features});
   args.tensor("y", y, {ScalarType::Float}, 2);
   args.shape("y", y, {rows, out_features});
@@ -370,11 +379,11 @@ int64_t check_panels(const Args &args, const Tensor &panels, const Tensor &x, co
   const int64_t rows = x.size(0), in_features = x.size(1);
   args.tensor("y", y, kNative, 2);
   args.same_dtype("y", y, panels, "panels");
-  args.require(y.size(0) == rows, "y", "must have a row for each row of x, got shape " + c10::str(y.sizes()));
+  TANDEM_REQUIRE(args, y.size(0) == rows, "y", "must have a row for each row of x, got shape " + c10::str(y.sizes()));
   args.contiguous("y", y);
   const int64_t out_features = y.size(1), count = (out_features + TANDEM_PANEL - 1) / TANDEM_PANEL;
   if (bf16(panels)) {
-    args.require(in_features % 2 == 0, "x", "must have an even number of columns with bfloat16 panels");
+    TANDEM_REQUIRE(args, in_features % 2 == 0, "x", "must have an even number of columns with bfloat16 panels");
     args.shape("panels", panels, {count, in_features / 2, TANDEM_PANEL, 2});
   } else {
     args.shape("panels", panels, {count, in_features, TANDEM_PANEL});
@@ -387,7 +396,7 @@ void panel_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bia
   const int64_t out_features = check_panels(args, panels, x, y);
   args.optional("bias", bias, ScalarType::Float, {out_features});
   const int supported = tandem_panel_gemm_dtypes();
-  args.require(supported & (bf16(panels) ? 2 : 1), "panels",
+  TANDEM_REQUIRE(args, supported & (bf16(panels) ? 2 : 1), "panels",
                std::string("has a dtype this CPU's build has no panel kernel for: ") +
                    c10::toString(panels.scalar_type()));
   tandem_panel_gemm(panels.data_ptr(), bf16(panels), x.data_ptr(), x.stride(0), pointer<float>(bias), y.data_ptr(),
@@ -399,11 +408,12 @@ void amx_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias,
   const Args args("amx_gemm");
   args.tensor("panels", panels, {ScalarType::BFloat16}, 4);
   const int64_t out_features = check_panels(args, panels, x, y);
-  args.require(x.size(1) % TANDEM_AMX_K_MULTIPLE == 0, "x",
+  TANDEM_REQUIRE(args, x.size(1) % TANDEM_AMX_K_MULTIPLE == 0, "x",
                "must have a multiple of " + std::to_string(TANDEM_AMX_K_MULTIPLE) + " columns, got " +
                    std::to_string(x.size(1)));
   args.optional("bias", bias, ScalarType::Float, {out_features});
-  args.require(tandem_amx_ready(), "panels", "cannot run on AMX tiles here (no AMX, or Linux refused its state)");
+  TANDEM_REQUIRE(args, tandem_amx_ready(), "panels",
+                 "cannot run on AMX tiles here (no AMX, or Linux refused its state)");
   tandem_amx_gemm(static_cast<const uint16_t *>(panels.data_ptr()), static_cast<const uint16_t *>(x.data_ptr()),
                   x.stride(0), pointer<float>(bias), static_cast<uint16_t *>(y.data_ptr()),
                   args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)), threads());
@@ -417,7 +427,7 @@ void check_cache(const Args &args, const char *name, const Tensor &cache, const 
   if (&cache == &like) return;
   args.same_dtype(name, cache, like, "k_cache");
   args.shape(name, cache, like.sizes());
-  args.require(cache.strides() == like.strides(), name, "must have the strides of 'k_cache'");
+  TANDEM_REQUIRE(args, cache.strides() == like.strides(), name, "must have the strides of 'k_cache'");
 }
 
 void decode_attention(const Tensor &q, bool q_bf16, const Tensor &k_cache, const Tensor &v_cache,
@@ -429,10 +439,11 @@ void decode_attention(const Tensor &q, bool q_bf16, const Tensor &k_cache, const
   check_cache(args, "k_cache", k_cache, k_cache, kNative);
   check_cache(args, "v_cache", v_cache, k_cache, kNative);
   const int64_t pages = k_cache.size(0), block_size = k_cache.size(1), kv_heads = k_cache.size(2);
-  args.require(k_cache.size(3) == head_dim, "k_cache", "must have the head dim of 'q', " + std::to_string(head_dim));
-  args.require(kv_heads > 0 && q_heads % kv_heads == 0, "q", "must have a multiple of the caches' KV heads");
+  TANDEM_REQUIRE(args, k_cache.size(3) == head_dim, "k_cache",
+                 "must have the head dim of 'q', " + std::to_string(head_dim));
+  TANDEM_REQUIRE(args, kv_heads > 0 && q_heads % kv_heads == 0, "q", "must have a multiple of the caches' KV heads");
   args.tensor("block_table", block_table, {ScalarType::Int}, 2);
-  args.require(block_table.size(0) == seqs, "block_table", "must have a row for each sequence of 'q'");
+  TANDEM_REQUIRE(args, block_table.size(0) == seqs, "block_table", "must have a row for each sequence of 'q'");
   args.contiguous_from("block_table", block_table, 1);
   args.tensor("seq_lens", seq_lens, {ScalarType::Int}, 1);
   args.shape("seq_lens", seq_lens, {seqs});
@@ -442,12 +453,12 @@ void decode_attention(const Tensor &q, bool q_bf16, const Tensor &k_cache, const
   args.contiguous("out", out);
   const int32_t *lengths = seq_lens.data_ptr<int32_t>();
   for (int64_t s = 0; s < seqs; s++) {
-    args.require(lengths[s] >= 1 && lengths[s] <= block_table.size(1) * block_size, "seq_lens",
+    TANDEM_REQUIRE(args, lengths[s] >= 1 && lengths[s] <= block_table.size(1) * block_size, "seq_lens",
                  "holds " + std::to_string(lengths[s]) + ", outside the block table's 1 to " +
                      std::to_string(block_table.size(1) * block_size) + " positions");
     const int32_t *row = block_table.data_ptr<int32_t>() + s * block_table.stride(0);
     for (int64_t b = 0; b < (lengths[s] + block_size - 1) / block_size; b++)
-      args.require(row[b] >= 0 && row[b] < pages, "block_table",
+      TANDEM_REQUIRE(args, row[b] >= 0 && row[b] < pages, "block_table",
                    "holds page " + std::to_string(row[b]) + ", outside the cache's " + std::to_string(pages));
   }
   tandem_decode_attention(k_cache.data_ptr(), v_cache.data_ptr(), bf16(k_cache), k_cache.stride(0), k_cache.stride(1),
@@ -480,7 +491,7 @@ void store_kv(const Tensor &key, const Tensor &value, const Tensor &k_cache, con
   args.contiguous_from("value", value, 2);
   check_cache(args, "k_cache", k_cache, k_cache, any);
   check_cache(args, "v_cache", v_cache, k_cache, any);
-  args.require(k_cache.size(2) == kv_heads && k_cache.size(3) == head_dim, "k_cache",
+  TANDEM_REQUIRE(args, k_cache.size(2) == kv_heads && k_cache.size(3) == head_dim, "k_cache",
                "must have the KV heads and head dim of 'key', got shape " + c10::str(k_cache.sizes()));
   args.tensor("slots", slots, {ScalarType::Long}, 1);
   args.shape("slots", slots, {tokens});
