@@ -1,0 +1,180 @@
+/* Weight-only quantized linears for the decode batch: y = x W^T (+ bias) where W is stored as int8 (one
+ * value per byte) or int4 (two values per byte, the low nibble the even k, each nibble q + 8), with one
+ * float32 scale per output feature and group of `group_size` k (the last group of a row may be partial).
+ * The weights are dequantized in registers (q * scale, exactly as quant_linear_ref's float32 dequantization
+ * rounds it) and multiplied with x in float32: at one to a few rows the cost is streaming the weights from
+ * memory, and int8 streams a quarter of float32's bytes, int4 an eighth.
+ *
+ * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory
+ * once for every row of x (blocks of up to 4 rows of x read them again from L1). */
+
+#include <stdint.h>
+
+#include "tandem_cpu.h"
+
+#define QUANT_ROWS 4 /* output features per block */
+#define QUANT_X_ROWS 4 /* rows of x per pass over a block */
+
+static inline float quant_at(const uint8_t *row, int bits, int k) {
+    if (bits == 8) return (float)(int8_t)row[k];
+    const int byte = row[k >> 1];
+    return (float)(((k & 1) ? byte >> 4 : byte & 15) - 8);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+static inline float quant_sum8(__m256 v) {
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
+
+/* The 16 values of a row from k (k even for int4) as two vectors of 8 floats, not yet scaled. */
+static inline __attribute__((always_inline)) void quant_load16(const uint8_t *row, int BITS, int k, __m256 *lo,
+                                                               __m256 *hi) {
+    __m128i bytes;
+    if (BITS == 8) {
+        bytes = _mm_loadu_si128((const __m128i *)(row + k));
+    } else {
+        const __m128i packed = _mm_loadl_epi64((const __m128i *)(row + (k >> 1)));
+        const __m128i mask = _mm_set1_epi8(15);
+        const __m128i low = _mm_and_si128(packed, mask), high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+        bytes = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), _mm_set1_epi8(8));
+    }
+    *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+}
+
+/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows; ROWS * M <= 4 vector accumulators, each its
+ * own chain of multiply-adds. Inlined where BITS, ROWS and M are constants, so each case is unrolled. */
+static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, int64_t row_bytes,
+                                                              const float *scales, int groups, int group_size,
+                                                              int BITS, int64_t n, int K, const float *x, int M,
+                                                              int ROWS, float *dots) {
+    __m256 acc[QUANT_ROWS];
+    float tail[QUANT_ROWS] = {0};
+#pragma GCC unroll 4
+    for (int i = 0; i < ROWS * M; i++) acc[i] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
+        float scale[QUANT_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) scale[r] = scales[(n + r) * groups + g];
+        int k = k0;
+        for (; k + 16 <= k1; k += 16) {
+#pragma GCC unroll 4
+            for (int r = 0; r < ROWS; r++) {
+                __m256 lo, hi;
+                quant_load16(w + (n + r) * row_bytes, BITS, k, &lo, &hi);
+                const __m256 s = _mm256_set1_ps(scale[r]);
+                lo = _mm256_mul_ps(lo, s);
+                hi = _mm256_mul_ps(hi, s);
+#pragma GCC unroll 4
+                for (int m = 0; m < M; m++) {
+                    const float *xs = x + (int64_t)m * K + k;
+                    acc[m * ROWS + r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xs), acc[m * ROWS + r]);
+                    acc[m * ROWS + r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xs + 8), acc[m * ROWS + r]);
+                }
+            }
+        }
+        for (; k < k1; k++)
+            for (int r = 0; r < ROWS; r++) {
+                const float weight = quant_at(w + (n + r) * row_bytes, BITS, k) * scale[r];
+                for (int m = 0; m < M; m++) tail[m * ROWS + r] += weight * x[(int64_t)m * K + k];
+            }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < ROWS * M; i++) dots[i] = quant_sum8(acc[i]) + tail[i];
+}
+
+/* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x. */
+static inline __attribute__((always_inline)) void quant_rows(const uint8_t *w, int64_t row_bytes,
+                                                             const float *scales, int groups, int group_size,
+                                                             int BITS, int64_t n, int count, int K, const float *x,
+                                                             int M, float *dots) {
+    if (M == 1 && count == 4) {
+        quant_block(w, row_bytes, scales, groups, group_size, BITS, n, K, x, 1, 4, dots);
+        return;
+    }
+    if (M == 2 && count % 2 == 0) {
+        for (int r0 = 0; r0 < count; r0 += 2) {
+            float two[4];
+            quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r0, K, x, 2, 2, two);
+            for (int m = 0; m < 2; m++)
+                for (int r = 0; r < 2; r++) dots[m * count + r0 + r] = two[m * 2 + r];
+        }
+        return;
+    }
+    for (int r = 0; r < count; r++) {
+        float one[QUANT_X_ROWS];
+        switch (M) {
+        case 1: quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r, K, x, 1, 1, one); break;
+        case 2: quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r, K, x, 2, 1, one); break;
+        case 3: quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r, K, x, 3, 1, one); break;
+        default: quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r, K, x, 4, 1, one); break;
+        }
+        for (int m = 0; m < M; m++) dots[m * count + r] = one[m];
+    }
+}
+
+static void quant_rows8(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
+                        int64_t n, int count, int K, const float *x, int M, float *dots) {
+    quant_rows(w, row_bytes, scales, groups, group_size, 8, n, count, K, x, M, dots);
+}
+
+static void quant_rows4(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
+                        int64_t n, int count, int K, const float *x, int M, float *dots) {
+    quant_rows(w, row_bytes, scales, groups, group_size, 4, n, count, K, x, M, dots);
+}
+#else
+/* The portable path: the same sums, one weight at a time. */
+static void quant_portable(const uint8_t *w, int bits, int64_t row_bytes, const float *scales, int groups,
+                           int group_size, int64_t n, int count, int K, const float *x, int M, float *dots) {
+    for (int r = 0; r < count; r++) {
+        const uint8_t *row = w + (n + r) * row_bytes;
+        for (int m = 0; m < M; m++) {
+            float total = 0.0f;
+            for (int g = 0; g < groups; g++) {
+                const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
+                const float scale = scales[(n + r) * groups + g];
+                for (int k = k0; k < k1; k++) total += quant_at(row, bits, k) * scale * x[(int64_t)m * K + k];
+            }
+            dots[m * count + r] = total;
+        }
+    }
+}
+
+static void quant_rows8(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
+                        int64_t n, int count, int K, const float *x, int M, float *dots) {
+    quant_portable(w, 8, row_bytes, scales, groups, group_size, n, count, K, x, M, dots);
+}
+
+static void quant_rows4(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
+                        int64_t n, int count, int K, const float *x, int M, float *dots) {
+    quant_portable(w, 4, row_bytes, scales, groups, group_size, n, count, K, x, M, dots);
+}
+#endif
+
+void tandem_quant_gemm(const uint8_t *w, int bits, const float *scales, int group_size, const float *x,
+                       const float *bias, float *y, int M, int N, int K, int num_threads) {
+    if (M < 1 || N < 1) return;
+    const int64_t row_bytes = bits == 8 ? K : (K + 1) / 2;
+    const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
+    const int64_t blocks = (N + QUANT_ROWS - 1) / QUANT_ROWS;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t block = 0; block < blocks; block++) {
+        const int64_t n = block * QUANT_ROWS;
+        const int count = N - n < QUANT_ROWS ? (int)(N - n) : QUANT_ROWS;
+        for (int m0 = 0; m0 < M; m0 += QUANT_X_ROWS) {
+            const int rows = M - m0 < QUANT_X_ROWS ? M - m0 : QUANT_X_ROWS;
+            const float *xs = x + (int64_t)m0 * K;
+            float dots[QUANT_ROWS * QUANT_X_ROWS];
+            if (bits == 8) quant_rows8(w, row_bytes, scales, groups, group_size, n, count, K, xs, rows, dots);
+            else quant_rows4(w, row_bytes, scales, groups, group_size, n, count, K, xs, rows, dots);
+            for (int m = 0; m < rows; m++)
+                for (int r = 0; r < count; r++)
+                    y[(int64_t)(m0 + m) * N + n + r] = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
+        }
+    }
+}
