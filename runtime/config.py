@@ -29,6 +29,8 @@ DEFAULT_BATCHED_TOKENS = 2048
 # "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
+# On-the-fly weight-only quantization of a float checkpoint's decoder linears (vLLM's spellings).
+QUANTIZATIONS = ("int8", "int4")
 THREADS_ENV_VAR = "TANDEM_NUM_THREADS"
 # Models at least this wide use every usable core by default; narrower ones one thread.
 MIN_THREADED_HIDDEN = 512
@@ -75,6 +77,10 @@ class EngineConfig:
         "SSM state dtype: auto (the model dtype) or a wider one, e.g. float32", metavar="DTYPE"))
     max_model_len: int | None = field(default=None, metadata=option(
         "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N"))
+    quantization: str | None = field(default=None, metadata=option(
+        "quantize the decoder layers' linear weights on loading: int8 (one scale per output channel) or int4 "
+        "(one scale per 128 inputs); embeddings, the LM head, norms and SSM parameters keep the model dtype "
+        "(default: none; see docs/features/quantization.md)", choices=QUANTIZATIONS))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
     max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))
@@ -115,6 +121,9 @@ class EngineConfig:
         if self.kernel_backend not in KERNEL_BACKENDS:
             choices = ", ".join(KERNEL_BACKENDS)
             raise ConfigError(f"kernel_backend must be one of {choices}, got {self.kernel_backend!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)} (or None), "
+                              f"got {self.quantization!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         raw = load_raw_config(self.model)

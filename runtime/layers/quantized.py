@@ -1,0 +1,70 @@
+"""On-the-fly weight-only quantization of a model's decoder linears (`quantization="int8" | "int4"`).
+
+Which linears: the projections inside the decoder layers (attention q/k/v/o, the MLPs, the Mamba, GDN and
+short-conv input and output projections). The embeddings, the LM head, norms, conv weights, routers and the
+SSM parameters stay in the model dtype: the LM head and embeddings are outside `layers`, the others are not
+nn.Linear, and routers are skipped by name. MoE experts held as stacked tensors (StackedLinear) stay
+unquantized for now.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runtime.kernels.quant_linear import SCHEMES, quant_linear, quantize
+
+# Linears that pick experts: their logits decide routing, so they keep the model's precision.
+ROUTER_NAMES = ("router", "gate", "shared_expert_gate")
+
+
+class QuantLinear(nn.Module):
+    """A linear whose weight is int8 or packed int4 with float32 scales (runtime.kernels.quant_linear)."""
+
+    def __init__(self, linear: nn.Linear, scheme: str):
+        super().__init__()
+        self.in_features, self.out_features, self.scheme = linear.in_features, linear.out_features, scheme
+        weight = linear.weight.detach()
+        self.dtype = weight.dtype
+        qweight, scales, self.group_size = quantize(weight.cpu(), scheme)
+        self.register_buffer("qweight", qweight.to(weight.device), persistent=False)
+        self.register_buffer("scales", scales.to(weight.device), persistent=False)
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_linear(x, self.qweight, self.scales, self.group_size, self.bias).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"
+
+
+def quantizes(name: str) -> bool:
+    """The linear at this module path is one of the decoder's projections that get quantized."""
+    parts = name.split(".")
+    return "layers" in parts[:-1] and not any(part in ROUTER_NAMES for part in parts)
+
+
+def quantize_linears(model: nn.Module, scheme: str) -> int:
+    """Replace the decoder layers' nn.Linear modules of `model` by QuantLinears; returns how many."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization {scheme!r}; use one of {', '.join(SCHEMES)}")
+    targets = [name for name, module in model.named_modules() if type(module) is nn.Linear and quantizes(name)]
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, QuantLinear(getattr(parent, child), scheme))
+    return len(targets)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and quantized weights (its scales included), shared tensors once."""
+    seen, total = set(), 0
+    tensors = [*model.parameters()]
+    tensors += [t for m in model.modules() if isinstance(m, QuantLinear) for t in (m.qweight, m.scales, m.bias)
+                if t is not None]
+    for tensor in tensors:
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total

@@ -1,0 +1,111 @@
+"""On-the-fly weight-only quantization (`quantization="int8" | "int4"`): HF transformers is the oracle, running
+the same checkpoint with its decoder linears replaced by this test's own quantize-then-dequantize (plain
+torch, written here from the scheme's statement, not the engine's code). Greedy tokens equal, logprobs within
+1e-4 in float32, with captured decode steps (the default) and without (enforce_eager)."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+from tiny_models import hf_greedy_logprobs
+from torch import nn
+
+from runtime import LLM, SamplingParams
+from runtime.kernels import cpu_native
+from runtime.layers.quantized import QuantLinear
+
+PROMPTS = [
+    "The",
+    "A hybrid model mixes attention",
+    "The page pool holds attention blocks and Mamba states of equal size. The scheduler batches",
+]
+NEW_TOKENS = 12
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5)
+LOGPROB_ATOL = 1e-4
+
+
+def fake_quantize(weight: torch.Tensor, scheme: str) -> torch.Tensor:
+    """The float32 weight a symmetric int8 (per output row, max|w| / 127) or int4 (per row and group of 128
+    inputs, the last group partial, max|w| / 7) quantization stands for."""
+    levels, group = (127, weight.shape[1]) if scheme == "int8" else (7, 128)
+    out = torch.empty_like(weight, dtype=torch.float32)
+    for start in range(0, weight.shape[1], group):
+        block = weight[:, start:start + group].float()
+        scale = block.abs().amax(dim=1, keepdim=True) / levels
+        out[:, start:start + group] = torch.round(block / scale).clamp(-levels, levels) * scale
+    return out
+
+
+def dequantized_hf(hf, scheme: str):
+    """A copy of the HF model whose decoder linears (under `layers`, routers aside) hold fake_quantize'd weights."""
+    reference = copy.deepcopy(hf)
+    replaced = 0
+    for name, module in reference.named_modules():
+        if isinstance(module, nn.Linear) and ".layers." in name and "router" not in name:
+            with torch.no_grad():
+                module.weight.copy_(fake_quantize(module.weight, scheme))
+            replaced += 1
+    assert replaced
+    return reference
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("name", ["llama", "bamba", "granitemoehybrid-dense-nope"])
+def test_quantized_tokens_and_logprobs_match_transformers_on_dequantized_weights(name, scheme, tiny_checkpoint):
+    directory, hf = tiny_checkpoint(name)
+    reference = dequantized_hf(hf, scheme)
+    captured = LLM(directory, dtype="float32", quantization=scheme)
+    eager = LLM(directory, dtype="float32", quantization=scheme, enforce_eager=True)
+    for llm, label in ((captured, "captured"), (eager, "eager")):
+        # Run twice: a decode batch size is captured the second time it runs.
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        for output in outputs:
+            completion = output.outputs[0]
+            expected_tokens, logprobs = hf_greedy_logprobs(reference, output.prompt_token_ids, NEW_TOKENS)
+            assert completion.token_ids == expected_tokens, (name, scheme, label)
+            for step, top in enumerate(completion.logprobs):
+                ids = sorted(top)
+                got = torch.tensor([top[t].logprob for t in ids])
+                torch.testing.assert_close(got, logprobs[step][ids], atol=LOGPROB_ATOL, rtol=0,
+                                           msg=lambda m: f"{name} {scheme} {label} step {step}: {m}")
+    if cpu_native.available():
+        graphs = captured.engine.runner.graphs
+        assert graphs is not None and not graphs.disabled and graphs.graphs, "no decode step was captured"
+
+
+def test_the_unquantized_model_differs_from_the_dequantized_reference(tiny_checkpoint):
+    """The oracle above tells the schemes apart: int4's weights change the logprobs by far more than 1e-4."""
+    directory, hf = tiny_checkpoint("llama")
+    ids = [5, 6, 7, 8]
+    _, exact = hf_greedy_logprobs(hf, ids, 4)
+    _, int4 = hf_greedy_logprobs(dequantized_hf(hf, "int4"), ids, 4)
+    assert (exact - int4).abs().max() > 100 * LOGPROB_ATOL
+
+
+def test_which_linears_are_quantized(tiny_checkpoint):
+    directory, _ = tiny_checkpoint("granitemoehybrid")
+    model = LLM(directory, dtype="float32", quantization="int4").engine.runner.model
+    quantized = {name for name, module in model.named_modules() if isinstance(module, QuantLinear)}
+    assert "model.layers.1.self_attn.q_proj" in quantized and "model.layers.0.mamba.in_proj" in quantized
+    assert "model.layers.0.mamba.out_proj" in quantized and "model.layers.0.shared_mlp.input_linear" in quantized
+    assert not any("router" in name or "lm_head" in name or "embed" in name for name in quantized)
+    assert isinstance(model.model.embed_tokens, nn.Embedding) and model.model.embed_tokens.weight.dtype == torch.float32
+    assert model.model.layers[0].mamba.conv1d.weight.dtype == torch.float32
+
+
+def test_an_unknown_scheme_names_the_accepted_ones(tiny_checkpoint):
+    directory, _ = tiny_checkpoint("llama")
+    with pytest.raises(ValueError, match="quantization must be one of int8, int4 .*got 'fp8'"):
+        LLM(directory, quantization="fp8")
+
+
+def test_the_cli_refuses_an_unknown_scheme_in_one_line(tiny_checkpoint):
+    directory, _ = tiny_checkpoint("llama")
+    result = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", str(directory), "--prompt", "Hi",
+                             "--quantization", "int3"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "invalid choice: 'int3' (choose from 'int8', 'int4')" in result.stderr
+    assert "Traceback" not in result.stderr
