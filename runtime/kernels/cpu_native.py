@@ -325,7 +325,8 @@ def amx_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) 
 
 def quant_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
     """quant_linear_ref (quant_linear.py) with the weights dequantized in registers: x (M, K), qweight int8
-    (N, K) or packed int4 uint8 (N, ceil(K / 2)), scales float32 (N, groups); the float32 result."""
+    (N, K) or int4 as quant_linear.pack_int4 packs it (uint8 (N, ceil(K / 16) * 8)), scales float32 (N, groups);
+    the float32 result."""
     y = torch.empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
     op = _ops().int8_gemm if qweight.dtype == torch.int8 else _ops().int4_gemm
     op(qweight, scales, group_size, _float32(x), _float32(bias), y)

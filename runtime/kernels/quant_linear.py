@@ -5,8 +5,7 @@ int8: symmetric, one scale per output feature (row of the (N, K) weight): scale 
 q = round(w / scale) in [-127, 127], stored one per byte (int8), as one group of K.
 int4: symmetric, one scale per output feature and group of INT4_GROUP_SIZE values along K (the last group of
 a row is partial where the group size does not divide K): scale = max|w| / 7, q in [-7, 7], stored two per
-byte (uint8 (N, ceil(K / 2)): the low nibble holds the even k, each nibble q + 8), so the weights stream an
-eighth of float32's bytes.
+byte (uint8 (N, ceil(K / 16) * 8), see pack_int4), so the weights stream an eighth of float32's bytes.
 
 A weight is dequantized as q * scale in float32; the kernels do exactly that in registers and differ from the
 reference only in summation order.
@@ -19,6 +18,7 @@ from torch import Tensor
 
 SCHEMES = ("int8", "int4")  # vLLM's spellings of the on-the-fly weight-only schemes
 INT4_GROUP_SIZE = 128
+INT4_BLOCK = 16  # int4 values per 8 bytes (csrc/tandem_cpu.h's TANDEM_INT4_BLOCK); a group is whole blocks
 LEVELS = {"int8": 127, "int4": 7}
 # Up to this many rows the native kernel runs (each block of 4 rows reads the weights from L1 again); a
 # larger batch (a prefill) dequantizes the weight to float32 once per call and runs torch's GEMM.
@@ -48,17 +48,23 @@ def quantize(weight: Tensor, scheme: str) -> tuple[Tensor, Tensor, int]:
 
 
 def pack_int4(q: Tensor) -> Tensor:
-    """(N, K) values in [-8, 7] -> uint8 (N, ceil(K / 2)): low nibble the even k, each nibble q + 8."""
+    """(N, K) values in [-8, 7] -> uint8 (N, ceil(K / 16) * 8): blocks of 16 values in 8 bytes, byte j of a
+    block holding its value j in the low nibble and its value j + 8 in the high one, each as q + 8 (the layout
+    quant.c widens to 8 lanes without a shuffle); values past K are 0."""
     n, k = q.shape
-    nibbles = torch.full((n, k + k % 2), 8, dtype=torch.uint8)
+    blocks = -(-k // INT4_BLOCK)
+    nibbles = torch.full((n, blocks * INT4_BLOCK), 8, dtype=torch.uint8)
     nibbles[:, :k] = (q + 8).to(torch.uint8)
-    return (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).contiguous()
+    nibbles = nibbles.view(n, blocks, 2, INT4_BLOCK // 2)
+    return (nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)).reshape(n, -1).contiguous()
 
 
 def unpack_int4(packed: Tensor, in_features: int) -> Tensor:
     """pack_int4's inverse: int8 (N, in_features)."""
-    low, high = (packed & 15).to(torch.int8) - 8, (packed >> 4).to(torch.int8) - 8
-    return torch.stack((low, high), dim=2).view(packed.shape[0], -1)[:, :in_features]
+    n = packed.shape[0]
+    blocks = packed.view(n, -1, INT4_BLOCK // 2)
+    low, high = (blocks & 15).to(torch.int8) - 8, (blocks >> 4).to(torch.int8) - 8
+    return torch.stack((low, high), dim=2).reshape(n, -1)[:, :in_features]
 
 
 def dequantize(qweight: Tensor, scales: Tensor, group_size: int, in_features: int) -> Tensor:
@@ -69,8 +75,8 @@ def dequantize(qweight: Tensor, scales: Tensor, group_size: int, in_features: in
 
 
 def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
-    """x @ W.T (+ bias) in float32, W dequantized in float32: qweight int8 (N, K) or packed int4 uint8
-    (N, ceil(K / 2)); K is x's last dimension."""
+    """x @ W.T (+ bias) in float32, W dequantized in float32: qweight int8 (N, K) or int4 as pack_int4 packs
+    it (uint8); K is x's last dimension."""
     weight = dequantize(qweight, scales, group_size, x.shape[-1])
     return torch.nn.functional.linear(x.float(), weight, None if bias is None else bias.float())
 

@@ -25,7 +25,7 @@ def test_int8_is_symmetric_per_output_feature():
 def test_int4_groups_of_128_with_a_partial_last_group():
     weight = torch.randn(3, 2 * INT4_GROUP_SIZE + 5)  # two whole groups and one of 5 values
     packed, scales, group_size = quantize(weight, "int4")
-    assert packed.dtype == torch.uint8 and packed.shape == (3, (weight.shape[1] + 1) // 2)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, -(-weight.shape[1] // 16) * 8)
     assert scales.shape == (3, 3) and group_size == INT4_GROUP_SIZE
     last = weight[:, 2 * INT4_GROUP_SIZE:]
     torch.testing.assert_close(scales[:, 2], last.abs().amax(dim=1) / 7, rtol=0, atol=0)
@@ -34,9 +34,16 @@ def test_int4_groups_of_128_with_a_partial_last_group():
     assert torch.equal(q[:, 2 * INT4_GROUP_SIZE:], torch.round(last / scales[:, 2:]).to(torch.int8))
 
 
-def test_int4_packing_round_trips_odd_widths():
-    q = torch.randint(-7, 8, (4, 9), dtype=torch.int8)
-    assert torch.equal(unpack_int4(pack_int4(q), 9), q)
+@pytest.mark.parametrize("width", [1, 9, 16, 37])
+def test_int4_packing_round_trips(width):
+    q = torch.randint(-7, 8, (4, width), dtype=torch.int8)
+    assert torch.equal(unpack_int4(pack_int4(q), width), q)
+
+
+def test_int4_blocks_hold_values_j_and_j_plus_8_in_one_byte():
+    q = torch.arange(-8, 8, dtype=torch.int8)[None]
+    packed = pack_int4(q)
+    assert packed.tolist() == [[j | ((j + 8) << 4) for j in range(8)]]
 
 
 def test_an_all_zero_row_quantizes_to_zeros():
@@ -71,16 +78,16 @@ def test_the_native_kernel_matches_the_reference(scheme, rows, n, k, bias):
 @native
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_a_group_size_that_is_not_the_scheme_default(scheme):
-    """The kernel takes any group size (even for int4): int8 in groups of 48, int4 in groups of 34 over K = 100."""
-    weight, x = torch.randn(6, 100), torch.randn(3, 100)
-    group_size = 48 if scheme == "int8" else 34
+    """The kernel takes other group sizes (multiples of 16 for int4): int8 in groups of 37, int4 in groups of 48,
+    over K = 100."""
+    x = torch.randn(3, 100)
+    group_size = 37 if scheme == "int8" else 48
     groups = -(-100 // group_size)
     scales = torch.rand(6, groups) + 0.1
     q = torch.randint(-7, 8, (6, 100), dtype=torch.int8)
     qweight = q if scheme == "int8" else pack_int4(q)
     torch.testing.assert_close(cpu_native.quant_gemm(x, qweight, scales, group_size, None),
                                quant_linear_ref(x, qweight, scales, group_size, None), rtol=1e-5, atol=1e-4)
-    del weight
 
 
 @native
@@ -93,7 +100,7 @@ def test_bfloat16_inputs_run_in_float32():
 
 
 @native
-def test_an_odd_int4_group_size_is_refused():
+def test_an_int4_group_of_part_of_a_block_is_refused():
     q = pack_int4(torch.zeros(2, 10, dtype=torch.int8))
-    with pytest.raises(RuntimeError, match="tandem::int4_gemm: argument 'group_size' must be even"):
-        torch.ops.tandem.int4_gemm(q, torch.ones(2, 4), 3, torch.randn(1, 10), None, torch.empty(1, 2))
+    with pytest.raises(RuntimeError, match="tandem::int4_gemm: argument 'group_size' must be a multiple of 16"):
+        torch.ops.tandem.int4_gemm(q, torch.ones(2, 2), 8, torch.randn(1, 10), None, torch.empty(1, 2))

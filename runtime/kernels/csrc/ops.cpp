@@ -409,8 +409,8 @@ void amx_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias,
                   args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)), threads());
 }
 
-// Weight-only quantized linears (quant.c): qweight int8 (N, K) or, for int4, uint8 (N, (K + 1) / 2) holding two
-// values per byte; scales float32 (N, ceil(K / group_size)); x float32 (M, K); y float32 (M, N).
+// Weight-only quantized linears (quant.c): qweight int8 (N, K) or, for int4, uint8 (N, ceil(K / 16) * 8) holding
+// blocks of 16 values in 8 bytes; scales float32 (N, ceil(K / group_size)); x float32 (M, K); y float32 (M, N).
 void quant_gemm(const char *op, int bits, const Tensor &qweight, const Tensor &scales, int64_t group_size,
                 const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
   const Args args(op);
@@ -419,11 +419,13 @@ void quant_gemm(const char *op, int bits, const Tensor &qweight, const Tensor &s
   args.tensor("x", x, {ScalarType::Float}, 2);
   args.contiguous("x", x);
   const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
-  args.shape("qweight", qweight, {out_features, bits == 8 ? in_features : (in_features + 1) / 2});
+  const int64_t blocks = (in_features + TANDEM_INT4_BLOCK - 1) / TANDEM_INT4_BLOCK;
+  args.shape("qweight", qweight, {out_features, bits == 8 ? in_features : blocks * TANDEM_INT4_BLOCK / 2});
   args.require(group_size > 0 && group_size <= INT_MAX, "group_size",
                "must be positive, got " + std::to_string(group_size));
-  args.require(bits == 8 || group_size % 2 == 0, "group_size",
-               "must be even for int4 (two values per byte), got " + std::to_string(group_size));
+  args.require(bits == 8 || group_size % TANDEM_INT4_BLOCK == 0, "group_size",
+               "must be a multiple of " + std::to_string(TANDEM_INT4_BLOCK) + " for int4 (whole blocks), got " +
+                   std::to_string(group_size));
   const int64_t groups = (in_features + group_size - 1) / group_size;
   args.tensor("scales", scales, {ScalarType::Float}, 2);
   args.shape("scales", scales, {out_features, groups});

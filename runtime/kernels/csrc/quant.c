@@ -1,9 +1,14 @@
 /* Weight-only quantized linears for the decode batch: y = x W^T (+ bias) where W is stored as int8 (one
- * value per byte) or int4 (two values per byte, the low nibble the even k, each nibble q + 8), with one
- * float32 scale per output feature and group of `group_size` k (the last group of a row may be partial).
- * The weights are dequantized in registers (q * scale, exactly as quant_linear_ref's float32 dequantization
- * rounds it) and multiplied with x in float32: at one to a few rows the cost is streaming the weights from
- * memory, and int8 streams a quarter of float32's bytes, int4 an eighth.
+ * value per byte) or int4 (two values per byte, each nibble q + 8), with one float32 scale per output feature
+ * and group of `group_size` k (the last group of a row may be partial). int4 rows are laid out in blocks of 16
+ * values in 8 bytes: byte j of a block holds value j in its low nibble and value j + 8 in its high one, so
+ * that zero-extending 8 bytes to 8 lanes gives values 0..7 (low nibbles) and 8..15 (high nibbles) in order,
+ * with no shuffle; a row is padded to whole blocks.
+ *
+ * In registers, each group's integer values are converted to float32 and multiplied with x, and the group's
+ * sum is scaled once at its end: exact products (|q| < 2^8) accumulated in float32, as quant_linear_ref's
+ * float32 matmul of the dequantized weight, up to summation order. At one to a few rows the cost is
+ * streaming the weights: int8 reads a quarter of float32's bytes, int4 an eighth.
  *
  * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory
  * once for every row of x (blocks of up to 4 rows of x read them again from L1). */
@@ -17,9 +22,12 @@
 
 static inline float quant_at(const uint8_t *row, int bits, int k) {
     if (bits == 8) return (float)(int8_t)row[k];
-    const int byte = row[k >> 1];
-    return (float)(((k & 1) ? byte >> 4 : byte & 15) - 8);
+    const int byte = row[(k >> 4) * 8 + (k & 7)];
+    return (float)(((k & 8) ? byte >> 4 : byte & 15) - 8);
 }
+
+/* Bytes per row of W. */
+static inline int64_t quant_row_bytes(int bits, int K) { return bits == 8 ? K : (K + 15) / 16 * 8; }
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -30,20 +38,18 @@ static inline float quant_sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
 
-/* The 16 values of a row from k (k even for int4) as two vectors of 8 floats, not yet scaled. */
+/* The 16 values of a row from k (a multiple of 16 for int4) as two vectors of 8 floats, not yet scaled. */
 static inline __attribute__((always_inline)) void quant_load16(const uint8_t *row, int BITS, int k, __m256 *lo,
                                                                __m256 *hi) {
-    __m128i bytes;
     if (BITS == 8) {
-        bytes = _mm_loadu_si128((const __m128i *)(row + k));
-    } else {
-        const __m128i packed = _mm_loadl_epi64((const __m128i *)(row + (k >> 1)));
-        const __m128i mask = _mm_set1_epi8(15);
-        const __m128i low = _mm_and_si128(packed, mask), high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-        bytes = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), _mm_set1_epi8(8));
+        *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
+        *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k + 8))));
+        return;
     }
-    *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-    *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2)));
+    const __m256i eight = _mm256_set1_epi32(8);
+    *lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(bytes, _mm256_set1_epi32(15)), eight));
+    *hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bytes, 4), eight));
 }
 
 /* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows; ROWS * M <= 4 vector accumulators, each its
@@ -52,24 +58,22 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                                                               const float *scales, int groups, int group_size,
                                                               int BITS, int64_t n, int K, const float *x, int M,
                                                               int ROWS, float *dots) {
-    __m256 acc[QUANT_ROWS];
-    float tail[QUANT_ROWS] = {0};
+    __m256 total[QUANT_ROWS];
+    float tail_total[QUANT_ROWS] = {0};
 #pragma GCC unroll 4
-    for (int i = 0; i < ROWS * M; i++) acc[i] = _mm256_setzero_ps();
+    for (int i = 0; i < ROWS * M; i++) total[i] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
         const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
-        float scale[QUANT_ROWS];
+        __m256 acc[QUANT_ROWS];
+        float tail[QUANT_ROWS] = {0};
 #pragma GCC unroll 4
-        for (int r = 0; r < ROWS; r++) scale[r] = scales[(n + r) * groups + g];
+        for (int i = 0; i < ROWS * M; i++) acc[i] = _mm256_setzero_ps();
         int k = k0;
         for (; k + 16 <= k1; k += 16) {
 #pragma GCC unroll 4
             for (int r = 0; r < ROWS; r++) {
                 __m256 lo, hi;
                 quant_load16(w + (n + r) * row_bytes, BITS, k, &lo, &hi);
-                const __m256 s = _mm256_set1_ps(scale[r]);
-                lo = _mm256_mul_ps(lo, s);
-                hi = _mm256_mul_ps(hi, s);
 #pragma GCC unroll 4
                 for (int m = 0; m < M; m++) {
                     const float *xs = x + (int64_t)m * K + k;
@@ -80,12 +84,18 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
         }
         for (; k < k1; k++)
             for (int r = 0; r < ROWS; r++) {
-                const float weight = quant_at(w + (n + r) * row_bytes, BITS, k) * scale[r];
+                const float weight = quant_at(w + (n + r) * row_bytes, BITS, k);
                 for (int m = 0; m < M; m++) tail[m * ROWS + r] += weight * x[(int64_t)m * K + k];
             }
+#pragma GCC unroll 4
+        for (int i = 0; i < ROWS * M; i++) {
+            const float scale = scales[(n + i % ROWS) * groups + g];
+            total[i] = _mm256_fmadd_ps(acc[i], _mm256_set1_ps(scale), total[i]);
+            tail_total[i] += tail[i] * scale;
+        }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < ROWS * M; i++) dots[i] = quant_sum8(acc[i]) + tail[i];
+    for (int i = 0; i < ROWS * M; i++) dots[i] = quant_sum8(total[i]) + tail_total[i];
 }
 
 /* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x. */
@@ -137,8 +147,9 @@ static void quant_portable(const uint8_t *w, int bits, int64_t row_bytes, const 
             float total = 0.0f;
             for (int g = 0; g < groups; g++) {
                 const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
-                const float scale = scales[(n + r) * groups + g];
-                for (int k = k0; k < k1; k++) total += quant_at(row, bits, k) * scale * x[(int64_t)m * K + k];
+                float sum = 0.0f;
+                for (int k = k0; k < k1; k++) sum += quant_at(row, bits, k) * x[(int64_t)m * K + k];
+                total += sum * scales[(n + r) * groups + g];
             }
             dots[m * count + r] = total;
         }
@@ -159,7 +170,7 @@ static void quant_rows4(const uint8_t *w, int64_t row_bytes, const float *scales
 void tandem_quant_gemm(const uint8_t *w, int bits, const float *scales, int group_size, const float *x,
                        const float *bias, float *y, int M, int N, int K, int num_threads) {
     if (M < 1 || N < 1) return;
-    const int64_t row_bytes = bits == 8 ? K : (K + 1) / 2;
+    const int64_t row_bytes = quant_row_bytes(bits, K);
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
     const int64_t blocks = (N + QUANT_ROWS - 1) / QUANT_ROWS;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
