@@ -1,10 +1,15 @@
 """The quantized linears: on-the-fly int8/int4 quantization as the scheme states it, and the native kernels
 (tandem::int8_gemm, tandem::int4_gemm) against quant_linear_ref on random inputs, edge shapes included."""
 
+import ctypes
+import platform
+import shutil
+import subprocess
+
 import pytest
 import torch
 
-from runtime.kernels import cpu_native
+from runtime.kernels import cpu_native, native_build
 from runtime.kernels.quant_linear import (INT4_GROUP_SIZE, dequantize, pack_int4, quant_linear, quant_linear_ref,
                                           quantize, unpack_int4)
 
@@ -104,3 +109,31 @@ def test_an_int4_group_of_part_of_a_block_is_refused():
     q = pack_int4(torch.zeros(2, 10, dtype=torch.int8))
     with pytest.raises(RuntimeError, match="tandem::int4_gemm: argument 'group_size' must be a multiple of 16"):
         torch.ops.tandem.int4_gemm(q, torch.ones(2, 2), 8, torch.randn(1, 10), None, torch.empty(1, 2))
+
+
+@pytest.fixture(scope="module")
+def portable_library(tmp_path_factory):
+    """quant.c built without -march (no AVX2 on x86-64): its portable C path, loaded with ctypes."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    target = tmp_path_factory.mktemp("portable") / "libquant.so"
+    subprocess.run([compiler, "-O2", "-std=c11", "-fPIC", "-shared", "-fopenmp", str(native_build.QUANT_SOURCE),
+                    "-o", str(target)], check=True, capture_output=True)
+    return ctypes.CDLL(str(target))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="elsewhere the baseline build may vectorise")
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("rows, n, k", [(1, 7, 300), (3, 13, 17), (5, 4, 1000)])
+def test_the_portable_path_matches_the_reference(portable_library, scheme, rows, n, k):
+    weight, x, bias = torch.randn(n, k), torch.randn(rows, k), torch.randn(n)
+    qweight, scales, group_size = quantize(weight, scheme)
+    y = torch.empty(rows, n)
+    pointer = ctypes.c_void_p
+    portable_library.tandem_quant_gemm(
+        pointer(qweight.data_ptr()), ctypes.c_int(8 if scheme == "int8" else 4), pointer(scales.data_ptr()),
+        ctypes.c_int(group_size), pointer(x.data_ptr()), pointer(bias.data_ptr()), pointer(y.data_ptr()),
+        ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(1))
+    torch.testing.assert_close(y, quant_linear_ref(x, qweight, scales, group_size, bias), rtol=1e-5,
+                               atol=1e-4 * k ** 0.5)
