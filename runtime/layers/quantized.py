@@ -3,8 +3,8 @@
 Which linears: the projections inside the decoder layers (attention q/k/v/o, the MLPs, the Mamba, GDN and
 short-conv input and output projections). The embeddings, the LM head, norms, conv weights, routers and the
 SSM parameters stay in the model dtype: the LM head and embeddings are outside `layers`, the others are not
-nn.Linear, and routers are skipped by name. MoE experts held as stacked tensors (StackedLinear) stay
-unquantized for now.
+nn.Linear, and routers are skipped by name. MoE experts are quantized too: as nn.Linear modules per expert,
+or held as stacked (experts, out, in) tensors (StackedLinear), one expert at a time.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from runtime.kernels.quant_linear import SCHEMES, quant_linear, quantize
+from runtime.layers.moe import StackedLinear
 
 # Linears that pick experts: their logits decide routing, so they keep the model's precision.
 ROUTER_NAMES = ("router", "gate", "shared_expert_gate")
@@ -39,6 +40,25 @@ class QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"
 
 
+class QuantStackedLinear(nn.Module):
+    """StackedLinear's experts, each quantized as a QuantLinear's weight: qweight (E, N, ...), scales (E, N, G)."""
+
+    def __init__(self, stacked: StackedLinear, scheme: str):
+        super().__init__()
+        weight = stacked.weight.detach()
+        self.dtype, self.scheme = weight.dtype, scheme
+        parts = [quantize(expert.cpu(), scheme) for expert in weight]
+        self.group_size = parts[0][2]
+        self.register_buffer("qweight", torch.stack([q for q, _, _ in parts]).to(weight.device), persistent=False)
+        self.register_buffer("scales", torch.stack([s for _, s, _ in parts]).to(weight.device), persistent=False)
+
+    def forward(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return quant_linear(x, self.qweight[expert], self.scales[expert], self.group_size, None).to(self.dtype)
+
+
+QUANTIZED = {nn.Linear: QuantLinear, StackedLinear: QuantStackedLinear}
+
+
 def quantizes(name: str) -> bool:
     """The linear at this module path is one of the decoder's projections that get quantized."""
     parts = name.split(".")
@@ -46,25 +66,25 @@ def quantizes(name: str) -> bool:
 
 
 def quantize_linears(model: nn.Module, scheme: str) -> int:
-    """Replace the decoder layers' nn.Linear modules of `model` by QuantLinears; returns how many."""
+    """Replace the decoder layers' nn.Linear and StackedLinear modules of `model` by their quantized
+    counterparts; returns how many."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization {scheme!r}; use one of {', '.join(SCHEMES)}")
-    targets = [name for name, module in model.named_modules() if type(module) is nn.Linear and quantizes(name)]
+    targets = [name for name, module in model.named_modules() if type(module) in QUANTIZED and quantizes(name)]
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, QuantLinear(getattr(parent, child), scheme))
+        module = getattr(parent, child)
+        setattr(parent, child, QUANTIZED[type(module)](module, scheme))
     return len(targets)
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's parameters and quantized weights (its scales included), shared tensors once."""
+    """Bytes of the model's parameters and buffers (packed and quantized weights included), each storage once."""
     seen, total = set(), 0
-    tensors = [*model.parameters()]
-    tensors += [t for m in model.modules() if isinstance(m, QuantLinear) for t in (m.qweight, m.scales, m.bias)
-                if t is not None]
-    for tensor in tensors:
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
-            total += tensor.numel() * tensor.element_size()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
     return total
