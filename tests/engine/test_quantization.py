@@ -58,6 +58,20 @@ def dequantized_hf(hf, scheme: str):
     return reference
 
 
+def assert_matches(llm, reference, label):
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    for output in outputs:
+        completion = output.outputs[0]
+        expected_tokens, logprobs = hf_greedy_logprobs(reference, output.prompt_token_ids, NEW_TOKENS)
+        assert completion.token_ids == expected_tokens, label
+        for step, top in enumerate(completion.logprobs):
+            ids = sorted(top)
+            got = torch.tensor([top[t].logprob for t in ids])
+            torch.testing.assert_close(got, logprobs[step][ids], atol=LOGPROB_ATOL, rtol=0,
+                                       msg=lambda m: f"{label} step {step}: {m}")
+    return outputs
+
+
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 @pytest.mark.parametrize("name", ["llama", "bamba", "granitemoehybrid-dense-nope", "granitemoehybrid"])
 def test_quantized_tokens_and_logprobs_match_transformers_on_dequantized_weights(name, scheme, tiny_checkpoint):
@@ -66,23 +80,26 @@ def test_quantized_tokens_and_logprobs_match_transformers_on_dequantized_weights
     captured = LLM(directory, dtype="float32", quantization=scheme)
     eager = LLM(directory, dtype="float32", quantization=scheme, enforce_eager=True)
     for llm, label in ((captured, "captured"), (eager, "eager")):
-        # Run twice: a decode batch size is captured the second time it runs.
-        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-        for output in outputs:
-            completion = output.outputs[0]
-            expected_tokens, logprobs = hf_greedy_logprobs(reference, output.prompt_token_ids, NEW_TOKENS)
-            assert completion.token_ids == expected_tokens, (name, scheme, label)
-            for step, top in enumerate(completion.logprobs):
-                ids = sorted(top)
-                got = torch.tensor([top[t].logprob for t in ids])
-                torch.testing.assert_close(got, logprobs[step][ids], atol=LOGPROB_ATOL, rtol=0,
-                                           msg=lambda m: f"{name} {scheme} {label} step {step}: {m}")
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # a decode batch size is captured the second time it runs
+        assert_matches(llm, reference, f"{name} {scheme} {label}")
     # MoE routing reads each expert's token count into Python: such a model's decode steps run eagerly,
     # quantized or not.
     if cpu_native.available() and name not in MOE:
         graphs = captured.engine.runner.graphs
         assert graphs is not None and not graphs.disabled and graphs.graphs, "no decode step was captured"
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_chunked_prefill_and_prefix_caching_keep_working_quantized(scheme, tiny_checkpoint):
+    """Prompts split over steps of 21 tokens (chunks of under and over the kernel's 16 rows), and a second
+    pass that resumes from cached prefixes: the same tokens and logprobs as HF on the dequantized weights."""
+    directory, hf = tiny_checkpoint("bamba")
+    reference = dequantized_hf(hf, scheme)
+    llm = LLM(directory, dtype="float32", quantization=scheme, max_num_batched_tokens=21,
+              enable_prefix_caching=True)
+    assert_matches(llm, reference, f"{scheme} chunked")
+    again = assert_matches(llm, reference, f"{scheme} from the prefix cache")
+    assert again[-1].num_cached_tokens > 0
 
 
 def test_the_unquantized_model_differs_from_the_dequantized_reference(tiny_checkpoint):
