@@ -11,8 +11,10 @@ import pytest
 import torch
 from tiny_models import hf_greedy_logprobs
 from torch import nn
+from transformers import AutoTokenizer
 
 from runtime import LLM, SamplingParams
+from runtime.config import EngineConfig
 from runtime.kernels import cpu_native
 from runtime.layers.quantized import QuantLinear, QuantStackedLinear
 
@@ -100,6 +102,23 @@ def test_chunked_prefill_and_prefix_caching_keep_working_quantized(scheme, tiny_
     assert_matches(llm, reference, f"{scheme} chunked")
     again = assert_matches(llm, reference, f"{scheme} from the prefix cache")
     assert again[-1].num_cached_tokens > 0
+
+
+def test_preemption_keeps_working_quantized(tiny_checkpoint):
+    """A pool that holds the prompts' prefills only: decoding preempts sequences, which are recomputed."""
+    directory, hf = tiny_checkpoint("bamba")
+    reference = dequantized_hf(hf, "int8")
+    ids = AutoTokenizer.from_pretrained(directory).encode(PROMPTS[2])
+    prompts = [{"prompt_token_ids": ids[:n]} for n in (30, 40, 44)]
+    layout = EngineConfig(str(directory), dtype="float32").cache
+    num_pages = sum(layout.pages_per_sequence(len(p["prompt_token_ids"])) for p in prompts)
+    llm = LLM(directory, dtype="float32", quantization="int8", max_model_len=64, num_pages=num_pages)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                           use_tqdm=False)
+    assert any(output.num_preemptions for output in outputs), "no sequence was preempted"
+    for output in outputs:
+        expected, _ = hf_greedy_logprobs(reference, output.prompt_token_ids, NEW_TOKENS)
+        assert output.outputs[0].token_ids == expected
 
 
 def test_the_unquantized_model_differs_from_the_dequantized_reference(tiny_checkpoint):
