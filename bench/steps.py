@@ -5,7 +5,8 @@
 
 Uses the checkpoints bench/throughput.py builds (same cache). Prefill: the best of three
 one-step prefills of 32 prompts x 128 tokens. Decode: the median step of 32 sequences over
-40 steps (--seqs changes the 32; --quantization int8 or int4 quantizes the weights). Quicker and steadier than the full table, and without HF.
+40 steps (--seqs changes the 32; --quantization int8 or int4 quantizes the weights). Quicker and
+steadier than the full table, and without HF.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def main() -> None:
         steps.append(time.perf_counter() - start)
     decode = 1000 * statistics.median(steps)
     scheme = f" {args.quantization}" if args.quantization else ""
-    print(f"{args.model} {args.dtype}{scheme}, {args.seqs} seqs: prefill {min(prefill):.2f} s, decode step {decode:.1f} ms")
+    print(f"{args.model} {args.dtype}{scheme}, {args.seqs} seqs: prefill {min(prefill):.2f} s, "
+          f"decode step {decode:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from runtime.kernels import cpu_native
+
 SCHEMES = ("int8", "int4")  # vLLM's spellings of the on-the-fly weight-only schemes
 INT4_GROUP_SIZE = 128
 INT4_BLOCK = 16  # int4 values per 8 bytes (csrc/tandem_cpu.h's TANDEM_INT4_BLOCK); a group is whole blocks
@@ -84,8 +86,6 @@ def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int
 def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
     """quant_linear_ref on the native kernel where it runs (a CPU with the library, up to NATIVE_MAX_ROWS
     rows); the float32 result, as the reference's."""
-    from runtime.kernels import cpu_native
-
     flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] <= NATIVE_MAX_ROWS and x.device.type == "cpu" and cpu_native.available():
         y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias)
