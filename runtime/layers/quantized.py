@@ -80,10 +80,15 @@ def quantize_linears(model: nn.Module, scheme: str) -> int:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's parameters and buffers (packed and quantized weights included), each storage once."""
+    """Bytes of the model's parameters and buffers (packed and quantized weights included), each storage once;
+    oneDNN's packed weights (opaque tensors, no storage to share) by their size."""
     seen, total = set(), 0
     for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
+        try:
+            storage = tensor.untyped_storage()
+        except NotImplementedError:
+            total += tensor.numel() * tensor.element_size()
+            continue
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             total += storage.nbytes()
