@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from runtime import LLM, SamplingParams
 from runtime.config import EngineConfig
 from runtime.kernels import cpu_native
-from runtime.layers.quantized import QuantLinear, QuantStackedLinear
+from runtime.layers.quantized import QuantLinear, QuantStackedLinear, weight_bytes
 
 PROMPTS = [
     "The",
@@ -155,3 +155,11 @@ def test_the_cli_refuses_an_unknown_scheme_in_one_line(tiny_checkpoint):
     assert result.returncode == 2
     assert "invalid choice: 'int3' (choose from 'int8', 'int4')" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_quantized_models_hold_fewer_bytes(tiny_checkpoint):
+    """weight_bytes reads every tensor of a built engine's model, oneDNN's packed (opaque) weights included."""
+    directory, _ = tiny_checkpoint("llama")
+    sizes = {q: weight_bytes(LLM(directory, dtype="float32", quantization=q).engine.runner.model)
+             for q in (None, "int8", "int4")}
+    assert sizes[None] > sizes["int8"] > sizes["int4"] > 0
