@@ -5,7 +5,8 @@
 
 Uses the checkpoints bench/throughput.py builds (same cache). Prefill: the best of three
 one-step prefills of 32 prompts x 128 tokens. Decode: the median step of 32 sequences over
-40 steps. Quicker and steadier than the full table, and without HF.
+40 steps (--seqs changes the 32; --quantization int8 or int4 quantizes the weights). Quicker and
+steadier than the full table, and without HF.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
+    parser.add_argument("--seqs", type=int, default=32, help="sequences per step (1: the single-sequence decode)")
+    parser.add_argument("--quantization", default=None, help="int8 or int4: the engine option")
     args = parser.parse_args()
 
     # runtime before torch, as a user's import would be: it sets OpenMP's wait policy.
@@ -35,9 +38,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    llm = LLM(build_checkpoint(args.model, args.cache), dtype=args.dtype, max_num_seqs=32, threads=args.threads,
-              max_num_batched_tokens=4096, max_model_len=256)
-    engine, ids = llm.engine, prompts(32, 128)
+    llm = LLM(build_checkpoint(args.model, args.cache), dtype=args.dtype, max_num_seqs=args.seqs,
+              threads=args.threads, max_num_batched_tokens=4096, max_model_len=256, quantization=args.quantization)
+    engine, ids = llm.engine, prompts(args.seqs, 128)
     prefill = []
     for _ in range(3):
         for p in ids:
@@ -54,7 +57,9 @@ def main() -> None:
         engine.step()
         steps.append(time.perf_counter() - start)
     decode = 1000 * statistics.median(steps)
-    print(f"{args.model} {args.dtype}: prefill {min(prefill):.2f} s, decode step {decode:.1f} ms")
+    scheme = f" {args.quantization}" if args.quantization else ""
+    print(f"{args.model} {args.dtype}{scheme}, {args.seqs} seqs: prefill {min(prefill):.2f} s, "
+          f"decode step {decode:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ DEFAULT_BATCHED_TOKENS = 2048
 # "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
+# On-the-fly weight-only quantization of a float checkpoint's decoder linears (vLLM's spellings).
+QUANTIZATIONS = ("int8", "int4")
 THREADS_ENV_VAR = "TANDEM_NUM_THREADS"
 # The small model shipped with Tandem: what every command and LLM() run when given no model.
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
@@ -90,6 +92,10 @@ class EngineConfig:
         "longest prompt plus output, in tokens (default: the config's max_position_embeddings)", metavar="N",
         plan=True, plan_help="longest prompt plus output, in tokens: with --kv-cache-memory, the plan says how "
                              "many sequences of this length fit"))
+    quantization: str | None = field(default=None, metadata=option(
+        "quantize the decoder layers' linear weights on loading: int8 (one scale per output channel) or int4 "
+        "(one scale per 128 inputs); embeddings, the LM head, norms and SSM parameters keep the model dtype "
+        "(default: none; see docs/features/quantization.md)", choices=QUANTIZATIONS))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
     max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))
@@ -134,6 +140,9 @@ class EngineConfig:
         if self.kernel_backend not in KERNEL_BACKENDS:
             choices = ", ".join(KERNEL_BACKENDS)
             raise ConfigError(f"{spell('kernel_backend')} must be one of {choices}, got {self.kernel_backend!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"{spell('quantization')} must be one of {', '.join(QUANTIZATIONS)} (or None), "
+                              f"got {self.quantization!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise ConfigError(f"{spell('device')} must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         raw = load_raw_config(self.model)

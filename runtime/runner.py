@@ -17,6 +17,7 @@ from runtime.heap import keep_freed_memory
 from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
 from runtime.layers.linear import pack_linears
+from runtime.layers.quantized import quantize_linears, weight_bytes
 from runtime.loader import build_model
 from runtime.options import spell
 from runtime.scheduler import Batch
@@ -75,6 +76,10 @@ class ModelRunner:
         self.kernel_backend = kernels.bind(backend, self.device, compile_cpu=compile_pays(self.layout))
         logger.info("kernel backend: %s on %s", self.kernel_backend, self.device)
         self.model = build_model(config, self.device)
+        if config.quantization is not None:  # before packing: the quantized linears are packed no more
+            count = quantize_linears(self.model, config.quantization)
+            logger.info("quantized %d linears to %s: weights %.1f MiB", count, config.quantization,
+                        weight_bytes(self.model) / 2**20)
         if self.device.type == "cpu" and self.kernel_backend == "torch":
             pack_linears(self.model)
         self.num_pages = self._num_pages()

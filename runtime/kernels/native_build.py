@@ -34,6 +34,7 @@ logger = logging.getLogger("tandem")
 ENV_VAR = "TANDEM_CPU_NATIVE"
 SOURCES = Path(__file__).with_name("csrc")
 C_SOURCE, CXX_SOURCE, HEADER = SOURCES / "cpu_native.c", SOURCES / "ops.cpp", SOURCES / "tandem_cpu.h"
+QUANT_SOURCE = SOURCES / "quant.c"  # the quantized linears' kernels (C, built beside the core)
 # What runs on the references when the library is missing: the warning names it.
 LOST = ("the Mamba state updates, scans and convs, the norms, SiLU, rotary, decode attention and the "
         "small-batch linears run on their torch references (several times slower)")
@@ -108,7 +109,7 @@ def library_path(features: frozenset[str]) -> Path:
     """Where the library for a CPU of these features lies (or will)."""
     c_flags, cxx_flags = flags()
     key = hashlib.sha256()
-    for source in (C_SOURCE, CXX_SOURCE, HEADER):
+    for source in (C_SOURCE, QUANT_SOURCE, CXX_SOURCE, HEADER):
         key.update(source.read_bytes())
     key.update(" ".join([*c_flags, *cxx_flags, torch.__version__, *sorted(features)]).encode())
     return cache_dir() / f"libtandem_cpu-{key.hexdigest()[:16]}.so"
@@ -147,10 +148,11 @@ def _build(target: Path, features: frozenset[str], cc: str, cxx: str) -> None:
     torch_lib = Path(torch.__file__).parent / "lib"
     # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        core, ops, built = (Path(scratch) / name for name in ("core.o", "ops.o", target.name))
+        core, quant, ops, built = (Path(scratch) / name for name in ("core.o", "quant.o", "ops.o", target.name))
         _run_all([[cc, *c_flags, "-c", str(C_SOURCE), "-o", str(core)],
+                  [cc, *c_flags, "-c", str(QUANT_SOURCE), "-o", str(quant)],
                   [cxx, *cxx_flags, "-c", str(CXX_SOURCE), "-o", str(ops)]])
-        _run_all([[cxx, "-shared", "-fopenmp", str(core), str(ops), "-o", str(built), f"-L{torch_lib}",
+        _run_all([[cxx, "-shared", "-fopenmp", str(core), str(quant), str(ops), "-o", str(built), f"-L{torch_lib}",
                    "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-lm"]])
         manifest = dict(features=sorted(features), torch=torch.__version__, compilers=[cc, cxx],
                         python=sys.version.split()[0])

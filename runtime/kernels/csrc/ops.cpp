@@ -419,6 +419,47 @@ void amx_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias,
                   args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)), threads());
 }
 
+// Weight-only quantized linears (quant.c): qweight int8 (N, K) or, for int4, uint8 (N, ceil(K / 16) * 8) holding
+// blocks of 16 values in 8 bytes; scales float32 (N, ceil(K / group_size)); x float32 (M, K); y float32 (M, N).
+void quant_gemm(const char *op, int bits, const Tensor &qweight, const Tensor &scales, int64_t group_size,
+                const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
+  const Args args(op);
+  args.tensor("qweight", qweight, {bits == 8 ? ScalarType::Char : ScalarType::Byte}, 2);
+  args.contiguous("qweight", qweight);
+  args.tensor("x", x, {ScalarType::Float}, 2);
+  args.contiguous("x", x);
+  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
+  const int64_t blocks = (in_features + TANDEM_INT4_BLOCK - 1) / TANDEM_INT4_BLOCK;
+  args.shape("qweight", qweight, {out_features, bits == 8 ? in_features : blocks * TANDEM_INT4_BLOCK / 2});
+  TANDEM_REQUIRE(args, group_size > 0 && group_size <= INT_MAX, "group_size",
+               "must be positive, got " + std::to_string(group_size));
+  TANDEM_REQUIRE(args, bits == 8 || group_size % TANDEM_INT4_BLOCK == 0, "group_size",
+               "must be a multiple of " + std::to_string(TANDEM_INT4_BLOCK) + " for int4 (whole blocks), got " +
+                   std::to_string(group_size));
+  const int64_t groups = (in_features + group_size - 1) / group_size;
+  args.tensor("scales", scales, {ScalarType::Float}, 2);
+  args.shape("scales", scales, {out_features, groups});
+  args.contiguous("scales", scales);
+  args.optional("bias", bias, ScalarType::Float, {out_features});
+  args.tensor("y", y, {ScalarType::Float}, 2);
+  args.shape("y", y, {rows, out_features});
+  args.contiguous("y", y);
+  tandem_quant_gemm(static_cast<const uint8_t *>(qweight.data_ptr()), bits, scales.data_ptr<float>(),
+                    static_cast<int>(group_size), x.data_ptr<float>(), pointer<float>(bias), y.data_ptr<float>(),
+                    args.count("x", rows), args.count("qweight", out_features), args.count("x", in_features),
+                    threads());
+}
+
+void int8_gemm(const Tensor &qweight, const Tensor &scales, int64_t group_size, const Tensor &x,
+               const OptionalTensor &bias, const Tensor &y) {
+  quant_gemm("int8_gemm", 8, qweight, scales, group_size, x, bias, y);
+}
+
+void int4_gemm(const Tensor &qweight, const Tensor &scales, int64_t group_size, const Tensor &x,
+               const OptionalTensor &bias, const Tensor &y) {
+  quant_gemm("int4_gemm", 4, qweight, scales, group_size, x, bias, y);
+}
+
 // A paged cache: (pages, block_size, kv_heads, head_dim), each head's row contiguous.
 void check_cache(const Args &args, const char *name, const Tensor &cache, const Tensor &like,
                  std::initializer_list<ScalarType> dtypes) {
@@ -525,6 +566,8 @@ TORCH_LIBRARY(tandem, m) {
   m.def("small_gemm(Tensor weight, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("panel_gemm(Tensor panels, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("amx_gemm(Tensor panels, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("int8_gemm(Tensor qweight, Tensor scales, int group_size, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("int4_gemm(Tensor qweight, Tensor scales, int group_size, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("decode_attention(Tensor q, bool q_bf16, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor seq_lens, float scale, Tensor(a!) out) -> ()");
   m.def("silu_and_mul(Tensor gate, Tensor up, Tensor(a!) out) -> ()");
@@ -545,6 +588,8 @@ TORCH_LIBRARY_IMPL(tandem, CPU, m) {
   m.impl("small_gemm", &small_gemm);
   m.impl("panel_gemm", &panel_gemm);
   m.impl("amx_gemm", &amx_gemm);
+  m.impl("int8_gemm", &int8_gemm);
+  m.impl("int4_gemm", &int4_gemm);
   m.impl("decode_attention", &decode_attention);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("store_kv", &store_kv);

@@ -1,0 +1,94 @@
+"""Weight-only quantized linears: on-the-fly int8 and int4 quantization of a float weight, its torch reference,
+and the launcher that picks the native kernel (csrc/quant.c, `tandem::int8_gemm` / `tandem::int4_gemm`).
+
+int8: symmetric, one scale per output feature (row of the (N, K) weight): scale = max|w| / 127,
+q = round(w / scale) in [-127, 127], stored one per byte (int8), as one group of K.
+int4: symmetric, one scale per output feature and group of INT4_GROUP_SIZE values along K (the last group of
+a row is partial where the group size does not divide K): scale = max|w| / 7, q in [-7, 7], stored two per
+byte (uint8 (N, ceil(K / 16) * 8), see pack_int4), so the weights stream an eighth of float32's bytes.
+
+A weight is dequantized as q * scale in float32; the kernels do exactly that in registers and differ from the
+reference only in summation order.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from runtime.kernels import cpu_native
+
+SCHEMES = ("int8", "int4")  # vLLM's spellings of the on-the-fly weight-only schemes
+INT4_GROUP_SIZE = 128
+INT4_BLOCK = 16  # int4 values per 8 bytes (csrc/tandem_cpu.h's TANDEM_INT4_BLOCK); a group is whole blocks
+LEVELS = {"int8": 127, "int4": 7}
+# Up to this many rows the native kernel runs (each block of 4 rows reads the weights from L1 again); a
+# larger batch (a prefill) dequantizes the weight to float32 once per call and runs torch's GEMM.
+NATIVE_MAX_ROWS = 16
+
+
+def group_size_of(scheme: str, in_features: int) -> int:
+    return in_features if scheme == "int8" else INT4_GROUP_SIZE
+
+
+def quantize(weight: Tensor, scheme: str) -> tuple[Tensor, Tensor, int]:
+    """(qweight, scales, group_size) of a float (N, K) weight; scales float32 (N, groups)."""
+    n, k = weight.shape
+    group_size = group_size_of(scheme, k)
+    groups = -(-k // group_size)
+    padded = weight.new_zeros(n, groups * group_size, dtype=torch.float32)
+    padded[:, :k] = weight.float()
+    grouped = padded.view(n, groups, group_size)
+    scales = grouped.abs().amax(dim=2) / LEVELS[scheme]
+    # An all-zero group has scale 0 and quantizes to zeros (not 0 / 0).
+    divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
+    levels = LEVELS[scheme]
+    q = torch.round(grouped / divisor[:, :, None]).clamp_(-levels, levels).view(n, -1)[:, :k]
+    if scheme == "int8":
+        return q.to(torch.int8).contiguous(), scales.contiguous(), group_size
+    return pack_int4(q.to(torch.int8)), scales.contiguous(), group_size
+
+
+def pack_int4(q: Tensor) -> Tensor:
+    """(N, K) values in [-8, 7] -> uint8 (N, ceil(K / 16) * 8): blocks of 16 values in 8 bytes, byte j of a
+    block holding its value j in the low nibble and its value j + 8 in the high one, each as q + 8 (the layout
+    quant.c widens to 8 lanes without a shuffle); values past K are 0."""
+    n, k = q.shape
+    blocks = -(-k // INT4_BLOCK)
+    nibbles = torch.full((n, blocks * INT4_BLOCK), 8, dtype=torch.uint8)
+    nibbles[:, :k] = (q + 8).to(torch.uint8)
+    nibbles = nibbles.view(n, blocks, 2, INT4_BLOCK // 2)
+    return (nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)).reshape(n, -1).contiguous()
+
+
+def unpack_int4(packed: Tensor, in_features: int) -> Tensor:
+    """pack_int4's inverse: int8 (N, in_features)."""
+    n = packed.shape[0]
+    blocks = packed.view(n, -1, INT4_BLOCK // 2)
+    low, high = (blocks & 15).to(torch.int8) - 8, (blocks >> 4).to(torch.int8) - 8
+    return torch.stack((low, high), dim=2).reshape(n, -1)[:, :in_features]
+
+
+def dequantize(qweight: Tensor, scales: Tensor, group_size: int, in_features: int) -> Tensor:
+    """The float32 (N, K) weight that (qweight, scales) stand for."""
+    q = qweight if qweight.dtype == torch.int8 else unpack_int4(qweight, in_features)
+    per_value = scales.repeat_interleave(group_size, dim=1)[:, :in_features]
+    return q.float() * per_value
+
+
+def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
+    """x @ W.T (+ bias) in float32, W dequantized in float32: qweight int8 (N, K) or int4 as pack_int4 packs
+    it (uint8); K is x's last dimension."""
+    weight = dequantize(qweight, scales, group_size, x.shape[-1])
+    return torch.nn.functional.linear(x.float(), weight, None if bias is None else bias.float())
+
+
+def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
+    """quant_linear_ref on the native kernel where it runs (a CPU with the library, up to NATIVE_MAX_ROWS
+    rows); the float32 result, as the reference's."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] <= NATIVE_MAX_ROWS and x.device.type == "cpu" and cpu_native.available():
+        y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias)
+    else:
+        y = quant_linear_ref(flat, qweight, scales, group_size, bias)
+    return y.view(*x.shape[:-1], qweight.shape[0])

@@ -1,0 +1,95 @@
+"""On-the-fly weight-only quantization of a model's decoder linears (`quantization="int8" | "int4"`).
+
+Which linears: the projections inside the decoder layers (attention q/k/v/o, the MLPs, the Mamba, GDN and
+short-conv input and output projections). The embeddings, the LM head, norms, conv weights, routers and the
+SSM parameters stay in the model dtype: the LM head and embeddings are outside `layers`, the others are not
+nn.Linear, and routers are skipped by name. MoE experts are quantized too: as nn.Linear modules per expert,
+or held as stacked (experts, out, in) tensors (StackedLinear), one expert at a time.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runtime.kernels.quant_linear import SCHEMES, quant_linear, quantize
+from runtime.layers.moe import StackedLinear
+
+# Linears that pick experts: their logits decide routing, so they keep the model's precision.
+ROUTER_NAMES = ("router", "gate", "shared_expert_gate")
+
+
+class QuantLinear(nn.Module):
+    """A linear whose weight is int8 or packed int4 with float32 scales (runtime.kernels.quant_linear)."""
+
+    def __init__(self, linear: nn.Linear, scheme: str):
+        super().__init__()
+        self.in_features, self.out_features, self.scheme = linear.in_features, linear.out_features, scheme
+        weight = linear.weight.detach()
+        self.dtype = weight.dtype
+        qweight, scales, self.group_size = quantize(weight.cpu(), scheme)
+        self.register_buffer("qweight", qweight.to(weight.device), persistent=False)
+        self.register_buffer("scales", scales.to(weight.device), persistent=False)
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_linear(x, self.qweight, self.scales, self.group_size, self.bias).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"
+
+
+class QuantStackedLinear(nn.Module):
+    """StackedLinear's experts, each quantized as a QuantLinear's weight: qweight (E, N, ...), scales (E, N, G)."""
+
+    def __init__(self, stacked: StackedLinear, scheme: str):
+        super().__init__()
+        weight = stacked.weight.detach()
+        self.dtype, self.scheme = weight.dtype, scheme
+        parts = [quantize(expert.cpu(), scheme) for expert in weight]
+        self.group_size = parts[0][2]
+        self.register_buffer("qweight", torch.stack([q for q, _, _ in parts]).to(weight.device), persistent=False)
+        self.register_buffer("scales", torch.stack([s for _, s, _ in parts]).to(weight.device), persistent=False)
+
+    def forward(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return quant_linear(x, self.qweight[expert], self.scales[expert], self.group_size, None).to(self.dtype)
+
+
+QUANTIZED = {nn.Linear: QuantLinear, StackedLinear: QuantStackedLinear}
+
+
+def quantizes(name: str) -> bool:
+    """The linear at this module path is one of the decoder's projections that get quantized."""
+    parts = name.split(".")
+    return "layers" in parts[:-1] and not any(part in ROUTER_NAMES for part in parts)
+
+
+def quantize_linears(model: nn.Module, scheme: str) -> int:
+    """Replace the decoder layers' nn.Linear and StackedLinear modules of `model` by their quantized
+    counterparts; returns how many."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization {scheme!r}; use one of {', '.join(SCHEMES)}")
+    targets = [name for name, module in model.named_modules() if type(module) in QUANTIZED and quantizes(name)]
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        module = getattr(parent, child)
+        setattr(parent, child, QUANTIZED[type(module)](module, scheme))
+    return len(targets)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (packed and quantized weights included), each storage once;
+    oneDNN's packed weights (opaque tensors, no storage to share) by their size."""
+    seen, total = set(), 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        try:
+            storage = tensor.untyped_storage()
+        except NotImplementedError:
+            total += tensor.numel() * tensor.element_size()
+            continue
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
