@@ -16,11 +16,12 @@ dearer (more tokens to check where the grammar is undecided), so this is the cos
 The schema (SCHEMA) is mid-size: an object of 8 required fields (strings with maxLength, integers with
 bounds, an enum, a boolean, a nested object, an array with maxItems), free whitespace as the server allows.
 
-Decode step: --requests prompts of --input-len random token ids in one batch, on LLM(...).engine; the first
-step prefills them all, then each later step is timed with engine.step() while all --requests are running
-(--steps of them; unconstrained requests ignore EOS and run exactly as long). A run's figure is the median
-of its steps. Each round runs the constrained and the unconstrained batch in turns (the order swapped
-every round, so neither always runs on a warmer or calmer machine), after one untimed warm-up of each.
+Decode step: two engines (LLM(...).engine) of the same checkpoint, one given --requests constrained
+prompts of --input-len random token ids, the other the same prompts unconstrained (EOS ignored, as long).
+Each prefills its batch in one step; then the two decode in turns, one engine.step() of each (the order
+swapped every step), each step timed while all --requests of its batch are running (--steps of them). On a
+shared machine a slow spell then falls on both alike, where whole runs in turn took it on one of them. A
+round's figure is the median of its steps; one untimed warm-up round comes first.
 
 Time to first token: `tandem serve` on 127.0.0.1 (a free port) with the same checkpoint; each request is
 a streamed completion of one token through the official `openai` client, timed from the call to its
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import statistics
@@ -95,24 +95,44 @@ def large_schema(tag: str, fields: int) -> dict:
 # ---------------------------------------------------------------------------------------------- decode step
 
 
-def decode_steps(engine, ids: list[list[int]], steps: int, constrained: bool) -> tuple[list[float], list[int]]:
-    """Seconds of each decode step taken while every request is running, and the first request's tokens."""
+def start_batch(engine, ids: list[list[int]], steps: int, constrained: bool) -> str:
+    """Queue one request per prompt and prefill them all; returns the first request's id."""
     from runtime import SamplingParams, StructuredOutputsParams
 
     structured = StructuredOutputsParams(json=SCHEMA) if constrained else None
     # One prefill step and `steps` decode steps; a constrained output ends early only if its grammar does.
     params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True, structured_outputs=structured)
-    request_ids = [engine.add_request({"prompt_token_ids": p}, params) for p in ids]
+    first = [engine.add_request({"prompt_token_ids": p}, params) for p in ids][0]
     engine.step()  # every prompt's prefill (the batch budget holds them all) and first token
-    times, outputs = [], {}
-    while engine.has_unfinished():
-        full = len(engine.scheduler.running) == len(ids) and not engine.scheduler.waiting
-        start = time.perf_counter()
-        finished = engine.step()
-        if full:
-            times.append(time.perf_counter() - start)
-        outputs.update((out.request_id, out) for out in finished)
-    return times, outputs[request_ids[0]].outputs[0].token_ids
+    return first
+
+
+def timed_step(engine, requests: int, outputs: dict) -> float | None:
+    """One engine step's seconds if every request was running in it (else None); finished outputs kept."""
+    full = len(engine.scheduler.running) == requests and not engine.scheduler.waiting
+    start = time.perf_counter()
+    finished = engine.step()
+    took = time.perf_counter() - start
+    outputs.update((out.request_id, out) for out in finished)
+    return took if full else None
+
+
+def step_round(engines: dict[str, object], ids: list[list[int]], steps: int, swap: bool) -> tuple[dict, str]:
+    """Both batches decoding at once on their own engines, one step of each in turn (so a slow spell of a
+    shared machine falls on both); per kind, its steps' seconds; and the first constrained output."""
+    first = {kind: start_batch(engine, ids, steps, kind == "constrained") for kind, engine in engines.items()}
+    times: dict[str, list[float]] = {kind: [] for kind in engines}
+    outputs: dict[str, dict] = {kind: {} for kind in engines}
+    order = list(engines)[::-1] if swap else list(engines)
+    while any(engine.has_unfinished() for engine in engines.values()):
+        for kind in order:
+            if engines[kind].has_unfinished():
+                took = timed_step(engines[kind], len(ids), outputs[kind])
+                if took is not None:
+                    times[kind].append(took)
+        order.reverse()  # neither kind always steps first
+    tokens = outputs["constrained"][first["constrained"]].outputs[0].token_ids
+    return times, raw_text(tokens)
 
 
 def raw_text(token_ids: list[int]) -> str:
@@ -121,25 +141,27 @@ def raw_text(token_ids: list[int]) -> str:
 
 
 def step_rounds(args: argparse.Namespace, directory: Path) -> tuple[dict[str, list[float]], str, int]:
-    """Per kind (constrained, unconstrained), each round's median decode step in seconds; a sample output."""
+    """Per kind (constrained, unconstrained), each round's median decode step in seconds; a sample output;
+    the fewest steps a run timed."""
     import runtime  # noqa: F401  (before torch, as a user's import would be: it sets OpenMP's wait policy)
     from runtime import LLM
 
-    llm = LLM(directory, dtype=args.dtype, max_num_seqs=args.requests, threads=args.threads, device=args.device,
-              max_model_len=args.input_len + args.steps + 16,
-              max_num_batched_tokens=max(2048, args.requests * args.input_len))
+    def engine():
+        # A page pool for the batch only (on a GPU the default takes its free memory, and there are two).
+        return LLM(directory, dtype=args.dtype, max_num_seqs=args.requests, threads=args.threads,
+                   device=args.device, max_model_len=args.input_len + args.steps + 16, kv_cache_memory="1GiB",
+                   max_num_batched_tokens=max(2048, args.requests * args.input_len)).engine
+
+    engines = {"unconstrained": engine(), "constrained": engine()}
     ids = prompts(args.requests, args.input_len)
-    for constrained in (False, True):  # warm-up: compiled kernels, the schema's grammar
-        decode_steps(llm.engine, ids, 3, constrained)
-    figures: dict[str, list[float]] = {"unconstrained": [], "constrained": []}
+    step_round(engines, ids, 3, swap=False)  # warm-up: compiled kernels, the schema's grammar
+    figures: dict[str, list[float]] = {kind: [] for kind in engines}
     counted, sample = [], ""
     for i in range(args.repeats):
-        for constrained in ((True, False) if i % 2 else (False, True)):
-            times, tokens = decode_steps(llm.engine, ids, args.steps, constrained)
-            figures["constrained" if constrained else "unconstrained"].append(statistics.median(times))
-            counted.append(len(times))
-            if constrained:
-                sample = raw_text(tokens)
+        times, sample = step_round(engines, ids, args.steps, swap=i % 2 == 1)
+        for kind, steps in times.items():
+            figures[kind].append(statistics.median(steps))
+            counted.append(len(steps))
     return figures, sample, min(counted)
 
 
@@ -303,7 +325,7 @@ def main() -> None:
     if not args.skip_step:
         figures, sample, counted = step_rounds(args, directory)
         print(f"\n## Decode step: {args.requests} requests x {args.input_len} tokens in, medians of {args.repeats} "
-              f"rounds of {counted}+ timed steps each (all {args.requests} running)\n")
+              f"rounds of {counted}+ timed steps each (all {args.requests} running; the two batches step in turns)\n")
         print(step_table(args, figures))
         print(f"a constrained output's first {args.steps + 1} tokens: {sample!r}")
     if not args.skip_serve:
