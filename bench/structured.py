@@ -21,7 +21,8 @@ prompts of --input-len random token ids, the other the same prompts unconstraine
 Each prefills its batch in one step; then the two decode in turns, one engine.step() of each (the order
 swapped every step), each step timed while all --requests of its batch are running (--steps of them). On a
 shared machine a slow spell then falls on both alike, where whole runs in turn took it on one of them. A
-round's figure is the median of its steps; one untimed warm-up round comes first.
+round's figure is the median of its steps, and its ratio the median over its steps side by side (step i
+of one engine against step i of the other); one untimed warm-up round comes first.
 
 Time to first token: `tandem serve` on 127.0.0.1 (a free port) with the same checkpoint; each request is
 a streamed completion of one token through the official `openai` client, timed from the call to its
@@ -141,8 +142,10 @@ def raw_text(token_ids: list[int]) -> str:
 
 
 def step_rounds(args: argparse.Namespace, directory: Path) -> tuple[dict[str, list[float]], str, int]:
-    """Per kind (constrained, unconstrained), each round's median decode step in seconds; a sample output;
-    the fewest steps a run timed."""
+    """Per kind (constrained, unconstrained), each round's median decode step in seconds, and under "ratio"
+    each round's median of constrained over unconstrained step for the steps taken side by side (step i of
+    one against step i of the other: a load that comes and goes within a round cancels out); a sample
+    output; the fewest steps a run timed."""
     import runtime  # noqa: F401  (before torch, as a user's import would be: it sets OpenMP's wait policy)
     from runtime import LLM
 
@@ -155,25 +158,27 @@ def step_rounds(args: argparse.Namespace, directory: Path) -> tuple[dict[str, li
     engines = {"unconstrained": engine(), "constrained": engine()}
     ids = prompts(args.requests, args.input_len)
     step_round(engines, ids, 3, swap=False)  # warm-up: compiled kernels, the schema's grammar
-    figures: dict[str, list[float]] = {kind: [] for kind in engines}
+    figures: dict[str, list[float]] = {kind: [] for kind in [*engines, "ratio"]}
     counted, sample = [], ""
     for i in range(args.repeats):
         times, sample = step_round(engines, ids, args.steps, swap=i % 2 == 1)
         for kind, steps in times.items():
             figures[kind].append(statistics.median(steps))
             counted.append(len(steps))
+        figures["ratio"].append(statistics.median(c / u for c, u in zip(times["constrained"],
+                                                                         times["unconstrained"])))
     return figures, sample, min(counted)
 
 
 def step_table(args: argparse.Namespace, figures: dict[str, list[float]]) -> str:
     rows = ["| dtype | requests | run | decode step ms | each round ms | constrained/unconstrained |",
             "| --- | ---: | --- | ---: | --- | ---: |"]
-    ratios = [c / u for c, u in zip(figures["constrained"], figures["unconstrained"])]
+    ratios = figures["ratio"]
     for kind in ("unconstrained", "constrained"):
         ratio = f"{statistics.median(ratios):.3f}x" if kind == "constrained" else ""
         rows.append(f"| {args.dtype} | {args.requests} | {kind} | {1000 * statistics.median(figures[kind]):.1f} | "
                     + ", ".join(f"{1000 * s:.1f}" for s in figures[kind]) + f" | {ratio} |")
-    rows.append("\neach round's ratio: " + ", ".join(f"{r:.3f}x" for r in ratios))
+    rows.append("\neach round's ratio (its median over steps side by side): " + ", ".join(f"{r:.3f}x" for r in ratios))
     return "\n".join(rows)
 
 
