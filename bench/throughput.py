@@ -2,7 +2,7 @@
 
     python bench/throughput.py                      # 32 prompts x 128 in x 64 out, fp32 and bf16
     python bench/throughput.py --models hybrid --dtypes float32 --prompts 8
-    python bench/throughput.py --vllm-python /work/vllm-venv/bin/python --workloads short,long
+    python bench/throughput.py --vllm-python ~/vllm-venv/bin/python --workloads short,long
     python bench/throughput.py --engines tandem --baseline ../before --repeats 3   # before/after a change
 
 Builds (once, cached under --cache) ~100M-parameter random checkpoints: a Bamba-style
