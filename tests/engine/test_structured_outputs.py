@@ -204,3 +204,27 @@ def test_preempted_constrained_requests_resume_where_their_grammar_was(llm):
     outputs = small.generate(prompts, params, use_tqdm=False)
     assert sum(o.num_preemptions for o in outputs) > 0
     assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+@pytest.mark.parametrize("name", ["bamba", "llama"])
+def test_tiny_random_checkpoints_are_held_to_the_schema(tiny_checkpoint, name):
+    """On random weights (noise unconstrained, as the next assertion shows) the schemas, a choice and a regex
+    still hold: only the grammar makes them so."""
+    directory, _ = tiny_checkpoint(name)
+    random_llm = LLM(str(directory))
+    prompts = [{"prompt_token_ids": [5 + i, 9, 13]} for i in range(4)]
+    noise = random_llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)
+    for output in noise:
+        with pytest.raises(ValueError):
+            json.loads(output.outputs[0].text)
+    schemas = SCHEMAS[:4]
+    specs = [dict(json=schema) for schema in schemas] + [dict(choice=CHOICES[1]), dict(regex=REGEXES[0])]
+    outputs = random_llm.generate([prompts[i % len(prompts)] for i in range(len(specs))],
+                                  [constrained(**spec) for spec in specs], use_tqdm=False)
+    for schema, output in zip(schemas, outputs):
+        assert output.outputs[0].finish_reason == "stop", (schema, output.outputs[0].text)
+        # strict=False: xgrammar's JSON grammar lets a string hold raw control characters (U+0000-U+001F but
+        # newlines), which random weights pick; docs/features/structured_outputs.md says so.
+        jsonschema.validate(json.loads(output.outputs[0].text, strict=False), schema)
+    assert outputs[len(schemas)].outputs[0].text in CHOICES[1]
+    assert re.fullmatch(REGEXES[0], outputs[len(schemas) + 1].outputs[0].text)
