@@ -56,13 +56,13 @@ class Args {
     for (ScalarType dtype : dtypes) known |= t.scalar_type() == dtype;
     TANDEM_REQUIRE(*this, known, name, "must be " + dtype_names(dtypes) + ", got " + c10::toString(t.scalar_type()));
     TANDEM_REQUIRE(*this, t.dim() == dims, name,
-            "must have " + std::to_string(dims) + " dimensions, got shape " + c10::str(t.sizes()));
+                   "must have " + std::to_string(dims) + " dimensions, got shape " + c10::str(t.sizes()));
   }
 
   void same_dtype(const char *name, const Tensor &t, const Tensor &like, const char *like_name) const {
     TANDEM_REQUIRE(*this, t.scalar_type() == like.scalar_type(), name,
-            std::string("must have the dtype of '") + like_name + "' (" + c10::toString(like.scalar_type()) +
-                "), got " + c10::toString(t.scalar_type()));
+                   std::string("must have the dtype of '") + like_name + "' (" + c10::toString(like.scalar_type()) +
+                       "), got " + c10::toString(t.scalar_type()));
   }
 
   void shape(const char *name, const Tensor &t, c10::IntArrayRef expected) const {
@@ -76,8 +76,8 @@ class Args {
     int64_t expected = 1;
     for (int64_t d = t.dim() - 1; d >= first; d--) {
       TANDEM_REQUIRE(*this, t.size(d) == 1 || t.stride(d) == expected, name,
-              "must be contiguous in its last " + std::to_string(t.dim() - first) + " dimension(s), got strides " +
-                  c10::str(t.strides()) + " for shape " + c10::str(t.sizes()));
+                     "must be contiguous in its last " + std::to_string(t.dim() - first) +
+                         " dimension(s), got strides " + c10::str(t.strides()) + " for shape " + c10::str(t.sizes()));
       expected *= t.size(d);
     }
   }
@@ -102,8 +102,8 @@ class Args {
     const int64_t *values = slots.data_ptr<int64_t>();
     for (int64_t i = 0; i < slots.numel(); i++)
       TANDEM_REQUIRE(*this, values[i] >= -1 && values[i] < limit, name,
-              "holds " + std::to_string(values[i]) + " at " + std::to_string(i) + ", outside [-1, " +
-                  std::to_string(limit) + ")");
+                     "holds " + std::to_string(values[i]) + " at " + std::to_string(i) + ", outside [-1, " +
+                         std::to_string(limit) + ")");
   }
 
   // Token offsets of a batch of sequences: 0, non-decreasing, ending at `tokens`.
@@ -111,7 +111,7 @@ class Args {
     const int32_t *values = starts.data_ptr<int32_t>();
     const int64_t n = starts.numel();
     TANDEM_REQUIRE(*this, values[0] == 0 && values[n - 1] == tokens, name,
-            "must run from 0 to the number of tokens, " + std::to_string(tokens));
+                   "must run from 0 to the number of tokens, " + std::to_string(tokens));
     for (int64_t i = 1; i < n; i++) TANDEM_REQUIRE(*this, values[i] >= values[i - 1], name, "must not decrease");
   }
 
@@ -176,28 +176,44 @@ void ssm_state_update(const Tensor &states, const Tensor &slots, const Tensor &x
                           threads());
 }
 
-void conv_update(const Tensor &states, const Tensor &slots, const Tensor &x, const Tensor &weight,
-                 const OptionalTensor &bias, bool silu, const Tensor &out) {
-  const Args args("conv_update");
+// Rows of one float32 or bfloat16 dtype, contiguous within each row, of the shape of `like`.
+void rows_like(const Args &args, const char *name, const Tensor &t, const Tensor &like, const char *like_name) {
+  args.tensor(name, t, kNative, like.dim());
+  args.same_dtype(name, t, like, like_name);
+  args.shape(name, t, like.sizes());
+  args.contiguous_from(name, t, like.dim() - 1);
+}
+
+// The short conv's tensors: x (rows, dim), its taps (dim, width), or (width, dim) when `transposed`, the
+// states (slots, width - 1, dim), the bias (dim) and out, of x's shape and dtype. Returns the width.
+int64_t check_conv(const Args &args, const Tensor &x, const char *weight_name, const Tensor &weight, bool transposed,
+                   const Tensor &states, const OptionalTensor &bias, const Tensor &out) {
   args.tensor("x", x, kNative, 2);
   args.contiguous_from("x", x, 1);
-  const int64_t seqs = x.size(0), dim = x.size(1);
-  args.tensor("weight", weight, {ScalarType::Float}, 2);
-  TANDEM_REQUIRE(args, weight.size(0) == dim && weight.size(1) >= 1, "weight",
-               "must have shape [dim, width] with dim " + std::to_string(dim) + ", got " + c10::str(weight.sizes()));
-  args.contiguous("weight", weight);
-  const int64_t width = weight.size(1);
+  const int64_t dim = x.size(1);
+  args.tensor(weight_name, weight, {ScalarType::Float}, 2);
+  const int64_t width = weight.size(transposed ? 0 : 1);
+  TANDEM_REQUIRE(args, weight.size(transposed ? 1 : 0) == dim && width >= 1, weight_name,
+                 std::string("must have shape ") + (transposed ? "[width, dim]" : "[dim, width]") + " with dim " +
+                     std::to_string(dim) + ", got " + c10::str(weight.sizes()));
+  args.contiguous(weight_name, weight);
   args.tensor("states", states, kNative, 3);
   args.shape("states", states, {states.size(0), width - 1, dim});
   args.contiguous_from("states", states, 1);
+  args.optional("bias", bias, ScalarType::Float, {dim});
+  rows_like(args, "out", out, x, "x");
+  args.contiguous("out", out);
+  return width;
+}
+
+void conv_update(const Tensor &states, const Tensor &slots, const Tensor &x, const Tensor &weight,
+                 const OptionalTensor &bias, bool silu, const Tensor &out) {
+  const Args args("conv_update");
+  const int64_t width = check_conv(args, x, "weight", weight, false, states, bias, out);
+  const int64_t seqs = x.size(0), dim = x.size(1);
   args.tensor("slots", slots, {ScalarType::Long}, 1);
   args.shape("slots", slots, {seqs});
   args.contiguous("slots", slots);
-  args.optional("bias", bias, ScalarType::Float, {dim});
-  args.tensor("out", out, kNative, 2);
-  args.same_dtype("out", out, x, "x");
-  args.shape("out", out, {seqs, dim});
-  args.contiguous("out", out);
   args.slots("slots", slots, states.size(0));
   tandem_conv_update(states.data_ptr(), bf16(states), states.stride(0), slots.data_ptr<int64_t>(),
                      args.count("x", seqs), args.count("x", dim), args.count("weight", width), x.data_ptr(), bf16(x),
@@ -262,36 +278,13 @@ void ssm_scan(const Tensor &states, const Tensor &slots, const Tensor &starts, c
 void conv_fn(const Tensor &states, const Tensor &slots, const Tensor &starts, const Tensor &resume, const Tensor &x,
              const Tensor &weight_t, const OptionalTensor &bias, bool silu, const Tensor &out) {
   const Args args("conv_fn");
-  args.tensor("x", x, kNative, 2);
-  args.contiguous_from("x", x, 1);
+  const int64_t width = check_conv(args, x, "weight_t", weight_t, true, states, bias, out);
   const int64_t tokens = x.size(0), dim = x.size(1);
-  args.tensor("weight_t", weight_t, {ScalarType::Float}, 2);
-  TANDEM_REQUIRE(args, weight_t.size(1) == dim && weight_t.size(0) >= 1, "weight_t",
-               "must have shape [width, dim] with dim " + std::to_string(dim) + ", got " +
-                   c10::str(weight_t.sizes()));
-  args.contiguous("weight_t", weight_t);
-  const int64_t width = weight_t.size(0);
-  args.tensor("states", states, kNative, 3);
-  args.shape("states", states, {states.size(0), width - 1, dim});
-  args.contiguous_from("states", states, 1);
-  args.optional("bias", bias, ScalarType::Float, {dim});
-  args.tensor("out", out, kNative, 2);
-  args.same_dtype("out", out, x, "x");
-  args.shape("out", out, {tokens, dim});
-  args.contiguous("out", out);
   const int seqs = prefill_sequences(args, slots, starts, resume, tokens, states.size(0));
   tandem_conv_fn(states.data_ptr(), bf16(states), states.stride(0), slots.data_ptr<int64_t>(),
                  starts.data_ptr<int32_t>(), static_cast<const uint8_t *>(resume.data_ptr()), seqs,
                  args.count("x", dim), args.count("weight_t", width), x.data_ptr(), bf16(x), x.stride(0),
                  weight_t.data_ptr<float>(), pointer<float>(bias), silu, out.data_ptr(), threads());
-}
-
-// Rows of one float32 or bfloat16 dtype, contiguous within each row, of the shape of `like`.
-void rows_like(const Args &args, const char *name, const Tensor &t, const Tensor &like, const char *like_name) {
-  args.tensor(name, t, kNative, like.dim());
-  args.same_dtype(name, t, like, like_name);
-  args.shape(name, t, like.sizes());
-  args.contiguous_from(name, t, like.dim() - 1);
 }
 
 void rms_norm(const Tensor &x, const OptionalTensor &z, const Tensor &weight, double eps, int64_t group_size,
@@ -306,7 +299,7 @@ void rms_norm(const Tensor &x, const OptionalTensor &z, const Tensor &weight, do
   args.shape("weight", weight, {dim});
   args.contiguous("weight", weight);
   TANDEM_REQUIRE(args, group_size > 0 && dim % group_size == 0, "group_size",
-               "must divide the row size " + std::to_string(dim) + ", got " + std::to_string(group_size));
+                 "must divide the row size " + std::to_string(dim) + ", got " + std::to_string(group_size));
   rows_like(args, "out", out, x, "x");
   args.contiguous("out", out);
   tandem_rms_norm(x.data_ptr(), x.stride(0), z.has_value() ? z->data_ptr() : nullptr, z.has_value() ? z->stride(0) : 0,
@@ -325,7 +318,7 @@ void rotary(const Tensor &x, const Tensor &cos, const Tensor &sin, const Tensor 
   args.shape("cos", cos, {tokens, rotary_dim});
   args.contiguous("cos", cos);
   TANDEM_REQUIRE(args, rotary_dim % 2 == 0 && rotary_dim <= head_dim, "cos",
-               "must have an even number of columns, at most the head dim " + std::to_string(head_dim));
+                 "must have an even number of columns, at most the head dim " + std::to_string(head_dim));
   args.tensor("sin", sin, kNative, 2);
   args.same_dtype("sin", sin, x, "x");
   args.shape("sin", sin, cos.sizes());
@@ -397,8 +390,8 @@ void panel_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bia
   args.optional("bias", bias, ScalarType::Float, {out_features});
   const int supported = tandem_panel_gemm_dtypes();
   TANDEM_REQUIRE(args, supported & (bf16(panels) ? 2 : 1), "panels",
-               std::string("has a dtype this CPU's build has no panel kernel for: ") +
-                   c10::toString(panels.scalar_type()));
+                 std::string("has a dtype this CPU's build has no panel kernel for: ") +
+                     c10::toString(panels.scalar_type()));
   tandem_panel_gemm(panels.data_ptr(), bf16(panels), x.data_ptr(), x.stride(0), pointer<float>(bias), y.data_ptr(),
                     bf16(y), args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)),
                     threads());
@@ -409,8 +402,8 @@ void amx_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias,
   args.tensor("panels", panels, {ScalarType::BFloat16}, 4);
   const int64_t out_features = check_panels(args, panels, x, y);
   TANDEM_REQUIRE(args, x.size(1) % TANDEM_AMX_K_MULTIPLE == 0, "x",
-               "must have a multiple of " + std::to_string(TANDEM_AMX_K_MULTIPLE) + " columns, got " +
-                   std::to_string(x.size(1)));
+                 "must have a multiple of " + std::to_string(TANDEM_AMX_K_MULTIPLE) + " columns, got " +
+                     std::to_string(x.size(1)));
   args.optional("bias", bias, ScalarType::Float, {out_features});
   TANDEM_REQUIRE(args, tandem_amx_ready(), "panels",
                  "cannot run on AMX tiles here (no AMX, or Linux refused its state)");
@@ -432,10 +425,10 @@ void quant_gemm(const char *op, int bits, const Tensor &qweight, const Tensor &s
   const int64_t blocks = (in_features + TANDEM_INT4_BLOCK - 1) / TANDEM_INT4_BLOCK;
   args.shape("qweight", qweight, {out_features, bits == 8 ? in_features : blocks * TANDEM_INT4_BLOCK / 2});
   TANDEM_REQUIRE(args, group_size > 0 && group_size <= INT_MAX, "group_size",
-               "must be positive, got " + std::to_string(group_size));
+                 "must be positive, got " + std::to_string(group_size));
   TANDEM_REQUIRE(args, bits == 8 || group_size % TANDEM_INT4_BLOCK == 0, "group_size",
-               "must be a multiple of " + std::to_string(TANDEM_INT4_BLOCK) + " for int4 (whole blocks), got " +
-                   std::to_string(group_size));
+                 "must be a multiple of " + std::to_string(TANDEM_INT4_BLOCK) + " for int4 (whole blocks), got " +
+                     std::to_string(group_size));
   const int64_t groups = (in_features + group_size - 1) / group_size;
   args.tensor("scales", scales, {ScalarType::Float}, 2);
   args.shape("scales", scales, {out_features, groups});
@@ -495,12 +488,12 @@ void decode_attention(const Tensor &q, bool q_bf16, const Tensor &k_cache, const
   const int32_t *lengths = seq_lens.data_ptr<int32_t>();
   for (int64_t s = 0; s < seqs; s++) {
     TANDEM_REQUIRE(args, lengths[s] >= 1 && lengths[s] <= block_table.size(1) * block_size, "seq_lens",
-                 "holds " + std::to_string(lengths[s]) + ", outside the block table's 1 to " +
-                     std::to_string(block_table.size(1) * block_size) + " positions");
+                   "holds " + std::to_string(lengths[s]) + ", outside the block table's 1 to " +
+                       std::to_string(block_table.size(1) * block_size) + " positions");
     const int32_t *row = block_table.data_ptr<int32_t>() + s * block_table.stride(0);
     for (int64_t b = 0; b < (lengths[s] + block_size - 1) / block_size; b++)
       TANDEM_REQUIRE(args, row[b] >= 0 && row[b] < pages, "block_table",
-                   "holds page " + std::to_string(row[b]) + ", outside the cache's " + std::to_string(pages));
+                     "holds page " + std::to_string(row[b]) + ", outside the cache's " + std::to_string(pages));
   }
   tandem_decode_attention(k_cache.data_ptr(), v_cache.data_ptr(), bf16(k_cache), k_cache.stride(0), k_cache.stride(1),
                           k_cache.stride(2), args.count("k_cache", block_size), block_table.data_ptr<int32_t>(),
@@ -533,7 +526,7 @@ void store_kv(const Tensor &key, const Tensor &value, const Tensor &k_cache, con
   check_cache(args, "k_cache", k_cache, k_cache, any);
   check_cache(args, "v_cache", v_cache, k_cache, any);
   TANDEM_REQUIRE(args, k_cache.size(2) == kv_heads && k_cache.size(3) == head_dim, "k_cache",
-               "must have the KV heads and head dim of 'key', got shape " + c10::str(k_cache.sizes()));
+                 "must have the KV heads and head dim of 'key', got shape " + c10::str(k_cache.sizes()));
   args.tensor("slots", slots, {ScalarType::Long}, 1);
   args.shape("slots", slots, {tokens});
   args.contiguous("slots", slots);
