@@ -81,6 +81,12 @@ class EngineConfig:
         "torchrun's), and the cache shapes are per rank", aliases=("--tp", "-tp"), metavar="N", plan=True,
         plan_help="processes (GPUs, or CPU processes) the model would be split over: the plan shows one rank's "
                   "cache shapes"))
+    pipeline_parallel_size: int = field(default=1, metadata=option(
+        "stages the decoder layers are split into, one process group each (times tensor_parallel_size processes "
+        "in all); this command starts them (or joins torchrun's), and each stage holds only its layers' weights "
+        "and cache (see docs/features/pipeline_parallel.md)", aliases=("--pp", "-pp"), metavar="N", plan=True,
+        plan_help="stages the decoder layers would be split into: the plan shows each stage's layers, weight "
+                  "bytes and pages"))
     block_size: int | None = field(default=None, metadata=option(
         "attention tokens per page (default: the smallest valid size, see docs/cache_layout.md)", metavar="N",
         plan=True))
@@ -153,7 +159,7 @@ class EngineConfig:
         object.__setattr__(self, "cache", self._resolve_cache())
 
     def _check_positive(self) -> None:
-        for name in ("tensor_parallel_size", "block_size", "max_model_len", "max_num_seqs",
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len", "max_num_seqs",
                      "max_num_batched_tokens", "kv_cache_memory", "num_pages", "threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -200,7 +206,12 @@ class EngineConfig:
             return None
         # Tensor-parallel ranks on one machine share its cores.
         threads = default_threads(getattr(self.dims, "hidden_size", 0), usable_cores())
-        return max(1, threads // self.tensor_parallel_size)
+        return max(1, threads // self.world_size)
+
+    @property
+    def world_size(self) -> int:
+        """Processes the engine runs in: every pipeline stage has tensor_parallel_size ranks."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @cached_property
     def model_dtype(self) -> str:

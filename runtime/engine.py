@@ -60,6 +60,8 @@ def check_capabilities(config: EngineConfig) -> None:
         require(caps.feature(Feature.PREFIX_CACHING), "prefix caching")
     if config.tensor_parallel_size > 1:
         require(caps.feature(Feature.TENSOR_PARALLEL), "tensor parallelism")
+    if config.pipeline_parallel_size > 1:
+        require(caps.feature(Feature.PIPELINE_PARALLEL), "pipeline parallelism")
     if config.enable_chunked_prefill:
         require(caps.feature(Feature.CHUNKED_PREFILL), f"chunked prefill (pass {spell('enable_chunked_prefill', False)})")
 
@@ -129,7 +131,7 @@ class Engine:
         self.config = config
         self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)
-        self.runner = ModelRunner(config) if config.tensor_parallel_size == 1 else TensorParallelRunner(config)
+        self.runner = ModelRunner(config) if config.world_size == 1 else TensorParallelRunner(config)
         self.cache = CacheManager(config.cache, self.runner.num_pages, prefix=make_prefix_cache(config))
         self.max_model_len = self._fit_max_model_len()
         limits = SchedulerLimits(config.max_num_seqs, config.derived_max_num_batched_tokens,

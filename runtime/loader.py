@@ -133,15 +133,24 @@ def allocate_parameters(model: torch.nn.Module, device: torch.device) -> None:
 def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    tp = config.tensor_parallel_size
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     # With tensor parallelism, parameters are built on the meta device (no memory), narrowed to this
     # rank's shard, and only then allocated: a rank never holds more than its part of the weights.
-    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1):
+    # With pipeline parallelism, the layers of other stages are dropped before anything is allocated.
+    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1 or pp > 1):
         model = cls(config.dims)
+    stage = None
+    if pp > 1:
+        from runtime.distributed.pipeline import cut_model
+
+        stage = cut_model(model, config)
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
     allocate_parameters(model, device)
     model.tie_weights()
-    load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp)
+    names, elsewhere = (stage.checkpoint_names(model), stage.elsewhere(model)) if stage else (None, set())
+    load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp, names, elsewhere)
+    if stage is not None:
+        model.stage_model = stage
     return model.eval()
 
 
@@ -162,14 +171,20 @@ def _read_shard(shard: Shard, load: Callable[[], torch.Tensor], lazy: Callable[[
 
 
 def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | None = None, rank: int = 0,
-                 tp: int = 1) -> None:
-    """Fill every parameter from the checkpoint; a sharded one (`shards`, for `rank` of `tp`) reads only its part."""
-    params, shards = dict(model.named_parameters()), shards or {}
+                 tp: int = 1, names: dict[str, str] | None = None, elsewhere: set[str] | None = None) -> None:
+    """Fill every parameter from the checkpoint; a sharded one (`shards`, for `rank` of `tp`) reads only its part.
+
+    A pipeline stage's parameters go by their whole-model names (`names`: ours -> the checkpoint's), and the
+    tensors of other stages' parameters (`elsewhere`) are not read."""
+    params, shards, elsewhere = dict(model.named_parameters()), shards or {}, elsewhere or set()
+    if names is not None:
+        params = {names[n]: p for n, p in params.items()}
+        shards = {names[n]: s for n, s in shards.items()}
     loaded, unexpected = set(), []
     for path in files:
         for name, load, lazy in read_tensors(path):
             target = None if name.endswith(IGNORED_SUFFIXES) else model.checkpoint_name(name)
-            if target is None:
+            if target is None or target in elsewhere:
                 continue
             if target not in params:
                 unexpected.append(name)

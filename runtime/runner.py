@@ -13,6 +13,7 @@ from runtime.cache.pool import allocate_pool, bind_pool, default_cache_bytes
 from runtime.config import EngineConfig
 from runtime.context import ForwardContext, forward_context
 from runtime.decode_graph import DecodeGraphs
+from runtime.distributed.pipeline import allocate_stage_pool, run_stage, stage_bytes_per_page_id
 from runtime.heap import keep_freed_memory
 from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
@@ -76,6 +77,8 @@ class ModelRunner:
         self.kernel_backend = kernels.bind(backend, self.device, compile_cpu=compile_pays(self.layout))
         logger.info("kernel backend: %s on %s", self.kernel_backend, self.device)
         self.model = build_model(config, self.device)
+        # A pipeline stage's layers, and the hooks that pass hidden states between stages; None on one stage.
+        self.stage_model = getattr(self.model, "stage_model", None)
         if config.quantization is not None:  # before packing: the quantized linears are packed no more
             count = quantize_linears(self.model, config.quantization)
             logger.info("quantized %d linears to %s: weights %.1f MiB", count, config.quantization,
@@ -83,8 +86,7 @@ class ModelRunner:
         if self.device.type == "cpu" and self.kernel_backend == "torch":
             pack_linears(self.model)
         self.num_pages = self._num_pages()
-        self.pool = allocate_pool(self.layout, self.num_pages, self.device)
-        bind_pool(self.model, self.pool, self.layout)
+        self.pool = self._allocate_pool(self.num_pages)
         # Mamba-1 has no chunked scan; its prefill metadata still wants a chunk length.
         self.chunk_size = config.declaration.mamba_chunk_size(config.hf_config) or MAMBA1_CHUNK
         self.graphs = DecodeGraphs(self) if self._captures_decodes() else None
@@ -95,19 +97,34 @@ class ModelRunner:
         """Decode steps are captured where every kernel is a native one (a CPU with the library built) and
         the model lives in this process alone."""
         cpu_native_kernels = self.device.type == "cpu" and self.kernel_backend == "torch" and cpu_native.available()
-        return cpu_native_kernels and not self.config.enforce_eager and self.config.tensor_parallel_size == 1
+        return cpu_native_kernels and not self.config.enforce_eager and self.config.world_size == 1
 
     def _num_pages(self) -> int:
         if self.config.num_pages is not None:
             return self.config.num_pages
         budget = self.config.kv_cache_memory or default_cache_bytes(self.device)
-        by_memory = budget // self.layout.bytes_per_page_id
         # No point holding more pages than every sequence at full length could use, or, with prefix
         # caching, as many again for cached blocks and snapshots.
         useful = self.config.max_num_seqs * self.layout.pages_per_sequence(self.config.derived_max_model_len)
         if self.config.enable_prefix_caching:
             useful *= 2
+        per_page = self.layout.bytes_per_page_id
+        if self.stage_model is not None:  # a stage holds its own layers' part of each page id
+            per_page = stage_bytes_per_page_id(self.layout, self.stage_model.stage.layers)
+        by_memory = budget // per_page if per_page else useful
         return max(1, min(by_memory, useful))
+
+    def _allocate_pool(self, num_pages: int) -> torch.Tensor:
+        if self.stage_model is not None:
+            return allocate_stage_pool(self.model, self.layout, self.stage_model.stage.layers, num_pages, self.device)
+        pool = allocate_pool(self.layout, num_pages, self.device)
+        bind_pool(self.model, pool, self.layout)
+        return pool
+
+    def resize_pool(self, num_pages: int) -> None:
+        """A pool of `num_pages` page ids instead (the fewest any rank of a group can hold)."""
+        self.num_pages = num_pages
+        self.pool = self._allocate_pool(num_pages)
 
     def execute(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that get a new token and their logits (float32)."""
@@ -141,7 +158,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_plan(self, plan: StepPlan) -> torch.Tensor:
-        """Logits of the sampled rows, then of each prompt chunk in `plan.prompt_rows`."""
+        """Logits of the sampled rows, then of each prompt chunk in `plan.prompt_rows` (a pipeline stage's
+        rank: None where it neither samples nor computes them)."""
+        if self.stage_model is not None:
+            return run_stage(self, plan)
         if self.graphs is not None:
             logits = self.graphs.run(plan)
             if logits is not None:

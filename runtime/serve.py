@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     check_server_options(args)
     limits, key = server_limits(args), api_key(args)
     model_name = args.served_model_name or config.model_dir.resolve().name
-    if config.tensor_parallel_size > 1 and torchrun_rank() > 0:
+    if config.world_size > 1 and torchrun_rank() > 0:
         from runtime.distributed.runner import serve_torchrun_rank
 
         return serve_torchrun_rank(config)  # rank 0 alone listens; the others run its steps

@@ -125,6 +125,9 @@ def shutdown() -> None:
     if _group is not None:
         group, _group = _group, None
         group.shutdown()
+        from runtime.distributed.pipeline import forget_groups
+
+        forget_groups()
 
 
 def _spawn(world_size: int, backend: str) -> Group:
@@ -174,8 +177,9 @@ def _wait_started(process: Any, rank: int, ready: Any) -> None:
 def _join(world_size: int, backend: str) -> Group:
     env_world = int(os.environ["WORLD_SIZE"])
     if env_world != world_size:
-        raise ValueError(f"torchrun started {env_world} processes but tensor_parallel_size={world_size}; "
-                         f"pass --nproc-per-node (times --nnodes) = {world_size}, or -tp {env_world}")
+        raise ValueError(f"torchrun started {env_world} processes but the engine needs {world_size} "
+                         f"({spell('tensor_parallel_size')} x {spell('pipeline_parallel_size')}); pass "
+                         f"--nproc-per-node (times --nnodes) = {world_size}, or sizes whose product is {env_world}")
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if backend == "nccl":

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from runtime.cache.pool import allocate_pool, bind_pool
 from runtime.config import EngineConfig
+from runtime.distributed import pipeline
 from runtime.distributed.env import local_rank
 from runtime.distributed.group import Group, backend_for, current, ensure_group
 from runtime.distributed.sharding import check_sharding
@@ -40,7 +40,9 @@ def load_local(group: Group, options: dict[str, Any], rank: int) -> tuple[ModelR
         options = {**options, "device": f"cuda:{rank}"}
     runner, error = None, None
     try:
-        runner = ModelRunner(EngineConfig(**options))
+        config = EngineConfig(**options)
+        pipeline.enter(config)  # every rank (creating the stages' groups is collective)
+        runner = ModelRunner(config)
     except Exception as err:  # reported to rank 0, which raises it
         logger.debug("rank %d could not load the model", rank, exc_info=True)
         error = f"{type(err).__name__}: {err}"
@@ -50,31 +52,36 @@ def load_local(group: Group, options: dict[str, Any], rank: int) -> tuple[ModelR
     # Ranks may measure different free memory: the smallest pool is the one every rank can hold.
     num_pages = min(group.gather(runner.num_pages))
     if runner.num_pages != num_pages:
-        runner.num_pages = num_pages
-        runner.pool = allocate_pool(runner.layout, num_pages, runner.device)
-        bind_pool(runner.model, runner.pool, runner.layout)
+        runner.resize_pool(num_pages)
     return runner, errors
 
 
 def check_tensor_parallel(config: EngineConfig) -> None:
-    """Refuse a sharding that cannot work: the model built on the meta device (no memory) and sharded."""
-    module_name, _, class_name = config.declaration.implementation.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    with default_dtype(DTYPES[config.model_dtype]), torch.device("meta"):
-        model = cls(config.dims)
-    check_sharding(model, config.tensor_parallel_size)
+    """Refuse a sharding or a split into stages that cannot work: the model built on the meta device (no
+    memory), sharded, and its layers planned into stages."""
+    if config.tensor_parallel_size > 1:
+        module_name, _, class_name = config.declaration.implementation.partition(":")
+        cls = getattr(importlib.import_module(module_name), class_name)
+        with default_dtype(DTYPES[config.model_dtype]), torch.device("meta"):
+            model = cls(config.dims)
+        check_sharding(model, config.tensor_parallel_size)
+    if config.pipeline_parallel_size > 1:
+        pipeline.stage_plan(config)
 
 
 def serve_torchrun_rank(config: EngineConfig) -> int:
     """A rank other than 0 of a command under torchrun: execute rank 0's steps until it stops (then exit)."""
     check_tensor_parallel(config)
-    ensure_group(config.tensor_parallel_size, config.device)
+    ensure_group(config.world_size, config.device)
     raise AssertionError("only rank 0 of a torchrun group leads it")
 
 
 class TensorParallelRunner:
+    """Rank 0's runner of a group: tensor parallelism, pipeline parallelism or both (the stages run each
+    step in turn; rank 0, the first stage's first rank, receives the logits)."""
+
     def __init__(self, config: EngineConfig):
-        tp = config.tensor_parallel_size
+        tp = config.world_size
         check_tensor_parallel(config)  # before any process starts
         self.group = ensure_group(tp, config.device)
         self.engine_id = self.group.next_id()
@@ -85,7 +92,8 @@ class TensorParallelRunner:
             raise ValueError("loading the model failed on " + "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors)
                                                                          if e))
         self.local = local
-        logger.info("tensor parallel: rank 0 of %d, %s", tp, backend_for(config.device))
+        logger.info("parallel: rank 0 of %d (tensor %d x pipeline %d), %s", tp, config.tensor_parallel_size,
+                    config.pipeline_parallel_size, backend_for(config.device))
 
     def __getattr__(self, name: str) -> Any:
         # device, num_pages, model, layout, kernel_backend, ...: rank 0's, the same shapes as every rank's.

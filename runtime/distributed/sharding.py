@@ -153,13 +153,16 @@ def check_sharding(model: nn.Module, tp: int) -> None:
 # Vocabulary --------------------------------------------------------------------------------------
 
 def _shard_vocabulary(s: Sharder, model: nn.Module) -> None:
-    embedding = model.input_embeddings()
-    vocab = embedding.num_embeddings
+    # A pipeline stage may hold neither the embedding nor the LM head (runtime.distributed.pipeline).
+    embedding, vocab = model.input_embeddings(), model.config.vocab_size
     part = s.split(vocab, "vocab_size")
-    s.param(embedding, "weight", 0, [part])
-    embedding.__class__ = VocabParallelEmbedding
-    embedding.num_embeddings = vocab // s.tp
-    embedding.vocab_start = s.rank * (vocab // s.tp)
+    if isinstance(embedding, nn.Embedding):
+        s.param(embedding, "weight", 0, [part])
+        embedding.__class__ = VocabParallelEmbedding
+        embedding.num_embeddings = vocab // s.tp
+        embedding.vocab_start = s.rank * (vocab // s.tp)
+    if not isinstance(model.lm_head, nn.Linear):
+        return
     if getattr(model.config, "tie_word_embeddings", False):
         model.lm_head.out_features = vocab // s.tp  # tie_weights gives it the embedding's rows
     else:

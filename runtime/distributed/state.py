@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -31,14 +31,24 @@ class CommStats:
 
 
 _stats: CommStats | None = None
+# With pipeline parallelism, the ranks of this process's stage: the layers' collectives stay inside it.
+# None: every rank of the group (tensor parallelism alone).
+_tensor_group: Any = None
+
+
+def set_tensor_group(group: Any) -> None:
+    global _tensor_group
+    _tensor_group = group
 
 
 def rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    """This process's rank among the ranks that split its layers (its stage's, under pipeline parallelism)."""
+    return dist.get_rank(_tensor_group) if dist.is_available() and dist.is_initialized() else 0
 
 
 def world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    """How many ranks split this process's layers."""
+    return dist.get_world_size(_tensor_group) if dist.is_available() and dist.is_initialized() else 1
 
 
 @contextmanager
@@ -71,7 +81,7 @@ def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     if world_size() == 1:
         return tensor
     with _timed("all_reduce", tensor):
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=_tensor_group)
     return tensor
 
 
@@ -83,5 +93,5 @@ def all_gather_last(tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.contiguous()
     parts = [torch.empty_like(tensor) for _ in range(size)]
     with _timed("all_gather", tensor):
-        dist.all_gather(parts, tensor)
+        dist.all_gather(parts, tensor, group=_tensor_group)
     return torch.cat(parts, dim=-1)

@@ -197,6 +197,9 @@ class Zamba2Model(nn.Module):
 
 
 class Zamba2ForCausalLM(CausalLM):
+    # Every application of a shared block reads the embeddings: each pipeline stage computes them itself.
+    embeds_every_stage = True
+
     def __init__(self, config: Zamba2Dims):
         super().__init__(config)
         self.model = Zamba2Model(config)
