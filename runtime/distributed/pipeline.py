@@ -246,7 +246,11 @@ class StageModel:
 
     def checkpoint_names(self, model: nn.Module) -> dict[str, str]:
         """This stage's parameter names -> the names they had in the whole model (the checkpoint's)."""
-        return {name: self.full_names[key] for key, name in _parameter_keys(model).items()}
+        names = {name: self.full_names[key] for key, name in _parameter_keys(model).items()}
+        # What the stage loads, by the checkpoint's names, and the bytes: CPU linears are packed afterwards
+        # into oneDNN's layout, which is no parameter any more.
+        self.holds = {names[n]: p.numel() * p.element_size() for n, p in model.named_parameters()}
+        return names
 
     def elsewhere(self, model: nn.Module) -> set[str]:
         """The whole model's parameters that other stages hold."""
@@ -312,3 +316,21 @@ def run_stage(runner: Any, plan: Any) -> torch.Tensor | None:
     if place.rank == place.logits_rank:
         dist.send(logits.contiguous(), dst=0)
     return logits
+
+
+def describe(runner: Any) -> dict[str, Any]:
+    """What this rank holds: its stage, its layers, its parameters (by the checkpoint's names) and its pool."""
+    stage = runner.stage_model
+    holds = stage.holds if stage is not None else {n: p.numel() * p.element_size()
+                                                   for n, p in runner.model.named_parameters()}
+    cached = [m for m in runner.model.modules() if isinstance(m, (KVCacheLayer, StateCacheLayer))]
+    return {
+        "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "stage": stage.place.stage if stage is not None else 0,
+        "layers": list(stage.stage.layers) if stage is not None else list(range(len(runner.layout.layers))),
+        "parameters": sorted(holds),
+        "weight_bytes": sum(holds.values()),
+        "pool_shape": tuple(runner.pool.shape),
+        "attention_layers": sorted(m.layer_idx for m in cached if isinstance(m, KVCacheLayer)),
+        "state_layers": sorted(m.layer_idx for m in cached if isinstance(m, StateCacheLayer)),
+    }

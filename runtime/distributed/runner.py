@@ -115,6 +115,11 @@ class TensorParallelRunner:
         self.group.busy = False
         return split_logits(logits, plan, sample_seqs, prompt_seqs)
 
+    def describe(self) -> list[dict[str, Any]]:
+        """What each rank holds (runtime.distributed.pipeline.describe), in rank order."""
+        self.group.send(("describe", self.engine_id))
+        return self.group.gather(pipeline.describe(self.local))
+
     def copy_pages(self, copies: list[tuple[int, int]]) -> None:
         self.group.send(("copy", self.engine_id, copies))
         self.local.copy_pages(copies)

@@ -55,6 +55,10 @@ def serve_forever(group: Group, local_rank: int) -> None:
         elif kind == "copy":
             engine_id, copies = args
             runners[engine_id].copy_pages(copies)
+        elif kind == "describe":
+            from runtime.distributed.pipeline import describe
+
+            group.gather(describe(runners[args[0]]))
         elif kind == "unload":
             runners.pop(args[0], None)
         else:
