@@ -45,7 +45,7 @@ def check_splittable(num_layers: int, pp: int, architecture: str) -> None:
     if pp > num_layers:
         raise ValueError(
             f"{spell('pipeline_parallel_size', pp)} needs at least one decoder layer per stage, but {architecture} "
-            f"has {num_layers}; use {spell('pipeline_parallel_size')} {num_layers} or less")
+            f"has {num_layers}; use {spell('pipeline_parallel_size', num_layers)} or fewer stages")
 
 
 def plan_stages(costs: list[LayerCost], pp: int, head_bytes: int = 0, tail_bytes: int = 0,
