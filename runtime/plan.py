@@ -95,6 +95,7 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
         "dtype_source": dtype_source(config),
         "engine": engine_status(config),
         "tensor_parallel_size": config.tensor_parallel_size,
+        "pipeline_parallel_size": config.pipeline_parallel_size,
         "num_layers": len(layout.layers),
         "layer_counts": {kind.value: layout.layers.count(kind) for kind in dict.fromkeys(layout.layers)},
         "layers": layer_runs(layout),
@@ -124,12 +125,25 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
             report["padding_pct"] = round(spec.padding_pct, 4)
     if config.enable_prefix_caching:
         report["prefix_cache"] = prefix_cache_report(config)
+    if config.pipeline_parallel_size > 1:
+        report["stages"] = stages_report(config)
     if memory is not None:
         report["fit"] = {"memory_bytes": memory, "max_model_len": max_model_len,
                          "pages_per_sequence": layout.pages_per_sequence(max_model_len),
                          "num_page_ids": memory // layout.bytes_per_page_id,
                          "max_num_sequences": layout.max_num_sequences(memory, max_model_len)}
     return report
+
+
+def stages_report(config: EngineConfig) -> list[dict[str, Any]]:
+    """Each pipeline stage: its layers, one rank's weight bytes, the pages a sequence of max_model_len tokens
+    holds in its layers and the bytes of its part of a page id. Torch builds the model on the meta device
+    (no memory, no weights) to count its parameters."""
+    from runtime.distributed.pipeline import stage_bytes_per_page_id, stage_plan
+
+    return [{"stage": s.index, "first": s.first, "last": s.last, "pattern": "".join(LETTERS[k] for k in s.kinds),
+             "weight_bytes": s.weight_bytes, "attention_pages": s.attention_pages, "state_pages": s.state_pages,
+             "bytes_per_page_id": stage_bytes_per_page_id(config.cache, s.layers)} for s in stage_plan(config)]
 
 
 def dtype_source(config: EngineConfig) -> str:
@@ -171,7 +185,8 @@ def format_report(r: dict[str, Any]) -> str:
                      "this is the layout it will use")
     assumed = " (assumed: config.json names no dtype; pass --dtype)" if r["dtype_source"] == "assumed" else ""
     lines += [
-        f"dtype          {r['dtype']}{assumed}, tensor parallel {r['tensor_parallel_size']}",
+        f"dtype          {r['dtype']}{assumed}, tensor parallel {r['tensor_parallel_size']}"
+        + (f", pipeline parallel {r['pipeline_parallel_size']}" if r["pipeline_parallel_size"] > 1 else ""),
         f"layers         {r['num_layers']}: {counts}",
     ]
     if len(r["layers"]) <= MAX_LISTED_RUNS:
@@ -194,7 +209,21 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"state          {kind}: {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
         lines.append(f"state dtype    {m['state_dtype']} ({m['state_dtype_from']})")
     lines.extend(_format_pages(r))
+    if r.get("stages"):
+        lines.extend(_format_stages(r))
     return "\n".join(lines)
+
+
+def _format_stages(r: dict[str, Any]) -> list[str]:
+    per_rank = " per rank" if r["tensor_parallel_size"] > 1 else ""
+    lines = [f"stages         {len(r['stages'])}, balanced by weights{per_rank} and by the pages a sequence of "
+             f"max_model_len tokens holds"]
+    for s in r["stages"]:
+        span = str(s["first"]) if s["first"] == s["last"] else f"{s['first']}-{s['last']}"
+        lines.append(f"  stage {s['stage']:<6} layers {span:<7} {s['pattern']}")
+        lines.append(f"               weights {_bytes(s['weight_bytes'])}; pages {s['attention_pages']:,} attention + "
+                     f"{s['state_pages']:,} state; a page id spans {_bytes(s['bytes_per_page_id'])} here")
+    return lines
 
 
 def _format_pages(r: dict[str, Any]) -> list[str]:
