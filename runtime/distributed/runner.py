@@ -13,11 +13,13 @@ import logging
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from runtime.config import EngineConfig
 from runtime.distributed import pipeline
 from runtime.distributed.env import local_rank
 from runtime.distributed.group import Group, backend_for, current, ensure_group
+from runtime.distributed.group import shutdown as shutdown_group
 from runtime.distributed.sharding import check_sharding
 from runtime.dtypes import DTYPES
 from runtime.loader import default_dtype
@@ -110,10 +112,26 @@ class TensorParallelRunner:
         plan, sample_seqs, prompt_seqs = plan_step(batch, local.layout.num_attention_groups,
                                                    local.layout.num_state_groups)
         self.group.busy = True
-        self.group.send(("execute", self.engine_id, plan))
-        logits = local.execute_plan(plan)
+        try:
+            self.group.send(("execute", self.engine_id, plan))
+            logits = local.execute_plan(plan)
+        except Exception as err:
+            self._lost(err)
+            raise
         self.group.busy = False
         return split_logits(logits, plan, sample_seqs, prompt_seqs)
+
+    def _lost(self, err: Exception) -> None:
+        """A step failed in the group's messages: if a rank is gone, stop the rest and say which one."""
+        dead = [(rank, p.pid, p.exitcode) for rank, p in enumerate(self.group.processes, 1) if not p.is_alive()]
+        if not dead and not isinstance(err, dist.DistError) and not any(w in str(err) for w in ("gloo", "NCCL")):
+            return
+        if current() is self.group:
+            shutdown_group()  # the others are stopped (asked, terminated, killed); nothing is left running
+        tp = self.local.config.tensor_parallel_size
+        named = ", ".join(f"rank {r} (stage {r // tp}, pid {pid}, exit code {code})" for r, pid, code in dead)
+        raise RuntimeError(f"the parallel group lost {named or 'a rank'} during a step ({err}); the engine "
+                           "stopped and its processes with it: start it again") from err
 
     def describe(self) -> list[dict[str, Any]]:
         """What each rank holds (runtime.distributed.pipeline.describe), in rank order."""
