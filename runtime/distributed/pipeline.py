@@ -298,23 +298,23 @@ def run_stage(runner: Any, plan: Any) -> torch.Tensor | None:
     num_tokens = len(plan.input_ids)
     if not place.first:
         stage.inbox = torch.empty(num_tokens, stage.hidden_size, dtype=stage.boundary_dtype, device=runner.device)
-        dist.recv(stage.inbox, src=place.previous)
+        state.recv(stage.inbox, place.previous)
     with forward_context(step.context):
         hidden = runner.model(step.input_ids, step.positions)
     stage.inbox = None
     num_rows = len(plan.logits_indices) + sum(n for *_, n in plan.prompt_rows)
     if not place.last:
         output, stage.outbox = stage.outbox, None
-        dist.send(output.to(stage.boundary_dtype).contiguous(), dst=place.next)
+        state.send(output.to(stage.boundary_dtype).contiguous(), place.next)
         if place.rank != 0:
             return None
         logits = torch.empty(num_rows, runner.model.config.vocab_size, dtype=torch.float32, device=runner.device)
-        dist.recv(logits, src=place.logits_rank)
+        state.recv(logits, place.logits_rank)
         return logits
     rows = [step.logits_indices] + [torch.arange(row, row + n, device=runner.device) for _, row, n in plan.prompt_rows]
     logits = runner.model.compute_logits(hidden[torch.cat(rows)])
     if place.rank == place.logits_rank:
-        dist.send(logits.contiguous(), dst=0)
+        state.send(logits.contiguous(), 0)
     return logits
 
 

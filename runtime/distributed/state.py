@@ -95,3 +95,16 @@ def all_gather_last(tensor: torch.Tensor) -> torch.Tensor:
     with _timed("all_gather", tensor):
         dist.all_gather(parts, tensor, group=_tensor_group)
     return torch.cat(parts, dim=-1)
+
+
+def send(tensor: torch.Tensor, dst: int) -> None:
+    """Point to point, to global rank `dst` (a pipeline stage's hidden states, or the logits for rank 0)."""
+    with _timed("send", tensor):
+        dist.send(tensor, dst=dst)
+
+
+def recv(tensor: torch.Tensor, src: int) -> torch.Tensor:
+    """Fill `tensor` from global rank `src`; the time includes waiting for the sender to get there."""
+    with _timed("recv", tensor):
+        dist.recv(tensor, src=src)
+    return tensor

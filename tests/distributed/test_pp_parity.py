@@ -10,7 +10,7 @@ preempts the same requests.
 import math
 
 import pytest
-from pp_helpers import MAX_MODEL_LEN, NEW_TOKENS, PROMPTS, STEP_TOKENS, cases, checkpoint, \
+from pp_helpers import DELTANET, MAX_MODEL_LEN, NEW_TOKENS, PROMPTS, STEP_TOKENS, checkpoint, \
     one_device_run_that_preempts, run  # noqa: F401 (checkpoint is a fixture)
 from safetensors import safe_open
 from tiny_models import hf_greedy
@@ -21,6 +21,37 @@ from runtime.distributed import group
 from runtime.distributed.pipeline import stage_plan
 
 
+CASES = [
+    pytest.param("llama", False, id="llama", marks=pytest.mark.proves("LlamaForCausalLM", "pipeline parallel")),
+    pytest.param("granite", False, id="granite", marks=pytest.mark.proves("GraniteForCausalLM", "pipeline parallel")),
+    pytest.param("mamba2", False, id="mamba2", marks=pytest.mark.proves("Mamba2ForCausalLM", "pipeline parallel")),
+    pytest.param("bamba", False, id="bamba", marks=pytest.mark.proves("BambaForCausalLM", "pipeline parallel")),
+    pytest.param("granitemoehybrid", False, id="granitemoehybrid",
+                 marks=pytest.mark.proves("GraniteMoeHybridForCausalLM", "pipeline parallel")),
+    pytest.param("granitemoehybrid-dense-nope", False, id="granitemoehybrid-dense-nope",
+                 marks=pytest.mark.proves("GraniteMoeHybridForCausalLM", "pipeline parallel")),
+    pytest.param("jamba", False, id="jamba", marks=pytest.mark.proves("JambaForCausalLM", "pipeline parallel")),
+    pytest.param("mamba", False, id="mamba", marks=pytest.mark.proves("MambaForCausalLM", "pipeline parallel")),
+    pytest.param("falcon_h1", False, id="falcon_h1",
+                 marks=pytest.mark.proves("FalconH1ForCausalLM", "pipeline parallel")),
+    pytest.param("nemotron_h", False, id="nemotron_h",
+                 marks=pytest.mark.proves("NemotronHForCausalLM", "pipeline parallel")),
+    pytest.param("zamba2", False, id="zamba2", marks=pytest.mark.proves("Zamba2ForCausalLM", "pipeline parallel")),
+    pytest.param("lfm2", True, id="lfm2", marks=pytest.mark.proves("Lfm2ForCausalLM", "pipeline parallel")),
+    pytest.param("lfm2_moe", True, id="lfm2_moe", marks=pytest.mark.proves("Lfm2MoeForCausalLM", "pipeline parallel")),
+    pytest.param("falcon_mamba", True, id="falcon_mamba",
+                 marks=pytest.mark.proves("FalconMambaForCausalLM", "pipeline parallel")),
+    pytest.param("qwen3_next", DELTANET, id="qwen3_next",
+                 marks=pytest.mark.proves("Qwen3NextForCausalLM", "pipeline parallel")),
+    pytest.param("qwen3_5", DELTANET, id="qwen3_5",
+                 marks=pytest.mark.proves("Qwen3_5ForCausalLM", "pipeline parallel")),
+    pytest.param("qwen3_5_moe", DELTANET, id="qwen3_5_moe",
+                 marks=pytest.mark.proves("Qwen3_5MoeForCausalLM", "pipeline parallel")),
+    pytest.param("olmo_hybrid", DELTANET, id="olmo_hybrid",
+                 marks=pytest.mark.proves("OlmoHybridForCausalLM", "pipeline parallel")),
+]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def pp_group():
     """The module's one group, stopped (workers joined) when the module ends."""
@@ -28,7 +59,7 @@ def pp_group():
     group.shutdown()
 
 
-@pytest.mark.parametrize("name, family", cases("pipeline parallel"))
+@pytest.mark.parametrize("name, family", CASES)
 def test_pp2_tokens_equal_pp1_and_transformers(name, family, checkpoint):
     directory, hf = checkpoint(name, family)
     pp1, preemptions_pp1, ids, pages, layout = one_device_run_that_preempts(directory)

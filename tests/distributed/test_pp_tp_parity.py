@@ -18,7 +18,7 @@ def pp_tp_group():
     group.shutdown()
 
 
-@pytest.mark.parametrize("name, family", cases("pipeline parallel"))
+@pytest.mark.parametrize("name, family", cases())
 def test_pp2_tp2_tokens_equal_pp1_and_transformers(name, family, checkpoint):
     directory, hf = checkpoint(name, family)
     pp1, preemptions_pp1, ids, pages, layout = one_device_run_that_preempts(directory)

@@ -1,0 +1,131 @@
+"""Pipeline-parallel communication per decode step (issue 37): messages and bytes at PP=2/4/8 for a
+Bamba-9B-sized model, projected over NVLink and 100 Gb/s Ethernet beside tensor parallelism's, and the
+step timings of PP=2 measured on this machine (the pipeline bubble as a fraction of the step).
+
+    OMP_NUM_THREADS=1 python bench/pipeline.py --hidden-size 1024 --layers 8 --batch 8 --steps 32
+
+Per decode step of a batch of B sequences, each of the PP-1 stage boundaries sends one message of
+B x hidden values (the hidden states; the model's dtype), and the last stage sends the logits (B x vocab
+float32) to rank 0, which samples: PP messages, all on the step's critical path, each costing one hop's
+latency plus its bytes over the link. Tensor parallelism all-reduces twice per layer plus once for the
+embedding and gathers the logits (bench/allreduce.py's ring model, the same link figures, assumed:
+NVLink 4 450 GB/s and 1 us per hop; 100 Gb/s Ethernet 12.5 GB/s and 10 us per hop). The step plan both
+send from rank 0 (a few KiB of token and page ids) is left out of both.
+
+The measured part builds a random Bamba checkpoint (tests/tiny_models.py, float32), starts a 2-stage gloo
+group on this machine, prefills `--batch` prompts and times `--steps` decode steps on rank 0: its own
+stage's compute, and its wait for the logits (runtime.distributed.state.record counts the sends and
+receives). Without micro-batches in flight, rank 0 waits while stage 1 computes: that wait over the step
+is the bubble. Figures: docs/features/pipeline_parallel.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+
+from allreduce import LINKS, projected_seconds  # noqa: E402
+
+BAMBA_9B = (4096, 32, 128256)  # hidden, layers, vocabulary
+
+
+def pipeline_traffic(pp: int, batch: int, hidden: int, vocab: int, dtype_bytes: int = 2) -> tuple[int, int]:
+    """(messages, bytes) one decode step sends between stages and back to rank 0."""
+    if pp == 1:
+        return 0, 0
+    return pp, (pp - 1) * batch * hidden * dtype_bytes + batch * vocab * 4
+
+
+def pipeline_seconds(pp: int, batch: int, hidden: int, vocab: int, bandwidth: float, hop: float) -> float:
+    """Point to point, one after another: each message a hop's latency plus its bytes over the link."""
+    messages, nbytes = pipeline_traffic(pp, batch, hidden, vocab)
+    return messages * hop + nbytes / bandwidth
+
+
+def tensor_seconds(tp: int, batch: int, hidden: int, layers: int, vocab: int, bandwidth: float, hop: float) -> float:
+    reduces = 2 * layers + 1
+    return (projected_seconds(reduces, reduces * batch * hidden * 2, tp, bandwidth, hop)
+            + projected_seconds(1, batch * vocab * 4 / tp, tp, bandwidth, hop))
+
+
+def projection(batch: int) -> list[str]:
+    hidden, layers, vocab = BAMBA_9B
+    lines = [f"projection, Bamba-9B-sized (hidden {hidden}, {layers} layers, vocabulary {vocab}, bfloat16), "
+             f"per decode step of batch {batch} (links assumed, see the docstring):",
+             f"  {'':24s} {'':18s} " + " ".join(f"{'N=' + str(n):>10s}" for n in (2, 4, 8))]
+    traffic = [pipeline_traffic(n, batch, hidden, vocab) for n in (2, 4, 8)]
+    lines.append(f"  {'PP messages, bytes':24s} {'':18s} " + " ".join(f"{m:3d} {b / 1024:5.0f}K" for m, b in traffic))
+    reduces = 2 * layers + 2
+    tp_bytes = [(2 * layers + 1) * batch * hidden * 2 + batch * vocab * 4 / n for n in (2, 4, 8)]
+    lines.append(f"  {'TP collectives, bytes':24s} {'':18s} " + " ".join(f"{reduces:3d} {b / 1024:5.0f}K"
+                                                                       for b in tp_bytes))
+    for link, (bandwidth, hop) in LINKS.items():
+        pp = [pipeline_seconds(n, batch, hidden, vocab, bandwidth, hop) for n in (2, 4, 8)]
+        tp = [tensor_seconds(n, batch, hidden, layers, vocab, bandwidth, hop) for n in (2, 4, 8)]
+        lines.append(f"  {'PP':24s} {link:18s} " + " ".join(f"{t * 1e3:8.3f}ms" for t in pp))
+        lines.append(f"  {'TP':24s} {link:18s} " + " ".join(f"{t * 1e3:8.3f}ms" for t in tp))
+    return lines
+
+
+def measure(args) -> list[str]:
+    from tiny_models import build_model, build_tokenizer
+
+    from runtime import LLM, SamplingParams
+    from runtime.distributed import state
+
+    work = Path(tempfile.mkdtemp(prefix="tandem-pipeline-"))
+    build_tokenizer(work / "tok")
+    heads = max(2, args.hidden_size // 64)
+    build_model("bamba", work / "model", work / "tok", hidden_size=args.hidden_size, num_hidden_layers=args.layers,
+                intermediate_size=2 * args.hidden_size, mamba_n_heads=2 * args.hidden_size // 64, mamba_d_head=64,
+                num_attention_heads=heads, num_key_value_heads=max(2, heads // 4),
+                attn_layer_indices=[args.layers // 2])
+    llm = LLM(work / "model", dtype="float32", pipeline_parallel_size=2, max_model_len=512)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=args.steps + 2, ignore_eos=True)
+    for i in range(args.batch):
+        engine.add_request({"prompt_token_ids": [5 + i, 17, 42, 9]}, params)
+    engine.step()  # the prefills
+    steps = []
+    for _ in range(args.steps):
+        with state.record() as stats:
+            start = time.perf_counter()
+            engine.step()
+            steps.append((stats, time.perf_counter() - start))
+    engine.shutdown()
+    stats = steps[0][0]
+    step = statistics.mean(t for _, t in steps)
+    wait = statistics.mean(s.seconds.get("recv", 0.0) for s, _ in steps)
+    send = statistics.mean(s.seconds.get("send", 0.0) for s, _ in steps)
+    return [
+        f"PP=2 over gloo on this machine, hidden {args.hidden_size}, {args.layers} layers, batch {args.batch}, "
+        f"float32; rank 0 per decode step (mean of {len(steps)}):",
+        f"  sends    {stats.counts.get('send', 0)} ({stats.bytes.get('send', 0) / 1024:.1f} KiB, the hidden states), "
+        f"{send * 1e3:.2f} ms",
+        f"  receives {stats.counts.get('recv', 0)} ({stats.bytes.get('recv', 0) / 1024:.1f} KiB, the logits), "
+        f"{wait * 1e3:.2f} ms waiting for stage 1",
+        f"  step {step * 1e3:.2f} ms: rank 0 idle {wait * 1e3:.2f} ms, the bubble is {wait / step:.0%} of the step",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden-size", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=8, help="sequences decoding together")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps measured")
+    args = parser.parse_args()
+    print("\n".join(measure(args)))
+    print()
+    print("\n".join(projection(args.batch)))
+
+
+if __name__ == "__main__":
+    main()
