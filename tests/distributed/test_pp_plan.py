@@ -39,3 +39,14 @@ def test_more_stages_than_layers_exit_2():
     result = plan(CONFIGS / "state-spaces__mamba-130m-hf", "--pp", "25")
     assert result.returncode == 2
     assert "--pipeline-parallel-size 25 needs at least one decoder layer per stage" in result.stderr
+
+
+def test_the_docs_show_what_the_command_prints():
+    """docs/features/pipeline_parallel.md's plan is the command's own output (it is not a generated region:
+    those render without torch, and the planner weighs the layers built on the meta device)."""
+    page = (Path(__file__).parents[2] / "docs" / "features" / "pipeline_parallel.md").read_text()
+    block = page.split("$ .venv/bin/tandem plan ", 1)[1].split("\n```", 1)[0]
+    command, _, shown = block.partition("\n")
+    result = plan(*command.split())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == shown
