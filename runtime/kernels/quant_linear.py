@@ -7,8 +7,16 @@ int4: symmetric, one scale per output feature and group of INT4_GROUP_SIZE value
 a row is partial where the group size does not divide K): scale = max|w| / 7, q in [-7, 7], stored two per
 byte (uint8 (N, ceil(K / 16) * 8), see pack_int4), so the weights stream an eighth of float32's bytes.
 
-A weight is dequantized as q * scale in float32; the kernels do exactly that in registers and differ from the
-reference only in summation order.
+A weight is dequantized as q * scale (+ offset) in float32; the kernels do exactly that in registers and differ
+from the reference only in summation order.
+
+The same representation carries the formats checkpoints publish (loaded, not quantized here): the dtype of
+`qweight` names the storage, `scales` (N, groups) and optional `offsets` (N, groups), both float32, the
+dequantization w = q * scale + offset of each group of `group_size` values along K:
+- int8 (N, K): any int8 values (Q8_0's blocks of 32, Q6_K's 6-bit values in [-32, 31] as groups of 16, ...);
+- uint8 (N, ceil(K / 16) * 8): int4 values in [-8, 7] as pack_int4 packs them; an unsigned 4-bit u with zero
+  point z is q = u - 8 with offset (8 - z) * scale, and GGUF's K-quant minimums fold into the offset the same way;
+- float8_e4m3fn (N, K): FP8 e4m3 weights; a block-wise scale (128 x 128 blocks) repeats over its block's rows.
 """
 
 from __future__ import annotations
@@ -69,26 +77,38 @@ def unpack_int4(packed: Tensor, in_features: int) -> Tensor:
     return torch.stack((low, high), dim=2).reshape(n, -1)[:, :in_features]
 
 
-def dequantize(qweight: Tensor, scales: Tensor, group_size: int, in_features: int) -> Tensor:
-    """The float32 (N, K) weight that (qweight, scales) stand for."""
-    q = qweight if qweight.dtype == torch.int8 else unpack_int4(qweight, in_features)
+def dequantize(qweight: Tensor, scales: Tensor, group_size: int, in_features: int,
+               offsets: Tensor | None = None) -> Tensor:
+    """The float32 (N, K) weight that (qweight, scales[, offsets]) stand for: q * scale (+ offset) per group."""
+    q = unpack_int4(qweight, in_features) if qweight.dtype == torch.uint8 else qweight[:, :in_features]
     per_value = scales.repeat_interleave(group_size, dim=1)[:, :in_features]
-    return q.float() * per_value
+    weight = q.float() * per_value
+    if offsets is not None:
+        weight += offsets.repeat_interleave(group_size, dim=1)[:, :in_features]
+    return weight
 
 
-def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
-    """x @ W.T (+ bias) in float32, W dequantized in float32: qweight int8 (N, K) or int4 as pack_int4 packs
-    it (uint8); K is x's last dimension."""
-    weight = dequantize(qweight, scales, group_size, x.shape[-1])
+def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+                     offsets: Tensor | None = None) -> Tensor:
+    """x @ W.T (+ bias) in float32, W dequantized in float32 (see the module docstring for qweight's storage
+    formats); K is x's last dimension."""
+    weight = dequantize(qweight, scales, group_size, x.shape[-1], offsets)
     return torch.nn.functional.linear(x.float(), weight, None if bias is None else bias.float())
 
 
-def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
+def native_runs(qweight: Tensor, offsets: Tensor | None) -> bool:
+    """The native kernels take the symmetric int8 and int4 formats."""
+    return offsets is None and qweight.dtype in (torch.int8, torch.uint8)
+
+
+def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+                 offsets: Tensor | None = None) -> Tensor:
     """quant_linear_ref on the native kernel where it runs (a CPU with the library, up to NATIVE_MAX_ROWS
-    rows); the float32 result, as the reference's."""
+    rows, a format native_runs takes); the float32 result, as the reference's."""
     flat = x.reshape(-1, x.shape[-1])
-    if flat.shape[0] <= NATIVE_MAX_ROWS and x.device.type == "cpu" and cpu_native.available():
+    if (flat.shape[0] <= NATIVE_MAX_ROWS and x.device.type == "cpu" and cpu_native.available()
+            and native_runs(qweight, offsets)):
         y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias)
     else:
-        y = quant_linear_ref(flat, qweight, scales, group_size, bias)
+        y = quant_linear_ref(flat, qweight, scales, group_size, bias, offsets)
     return y.view(*x.shape[:-1], qweight.shape[0])

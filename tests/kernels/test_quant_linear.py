@@ -137,3 +137,18 @@ def test_the_portable_path_matches_the_reference(portable_library, scheme, rows,
         ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(1))
     torch.testing.assert_close(y, quant_linear_ref(x, qweight, scales, group_size, bias), rtol=1e-5,
                                atol=1e-4 * k ** 0.5)
+
+
+def test_offsets_and_fp8_dequantize_group_by_group():
+    generator = torch.Generator().manual_seed(7)
+    q = torch.randint(-8, 8, (3, 40), dtype=torch.int8, generator=generator)
+    scales, offsets = torch.rand(3, 3, generator=generator), torch.randn(3, 3, generator=generator)
+    weight = dequantize(pack_int4(q), scales, 16, 40, offsets)
+    for group in range(3):
+        columns = slice(16 * group, min(16 * group + 16, 40))
+        expected = q[:, columns].float() * scales[:, group:group + 1] + offsets[:, group:group + 1]
+        assert torch.equal(weight[:, columns], expected)
+    fp8 = torch.randn(3, 40, generator=generator).to(torch.float8_e4m3fn)
+    torch.testing.assert_close(dequantize(fp8, scales, 16, 40), fp8.float() * scales.repeat_interleave(16, 1)[:, :40])
+    x = torch.randn(2, 40, generator=generator)
+    torch.testing.assert_close(quant_linear(x, fp8, scales, 16, None), x @ dequantize(fp8, scales, 16, 40).T)
