@@ -1,5 +1,5 @@
 """Weight-only quantized linears: on-the-fly int8 and int4 quantization of a float weight, its torch reference,
-and the launcher that picks the native kernel (csrc/quant.c, `tandem::int8_gemm` / `tandem::int4_gemm`).
+and the launcher that picks the native kernels (csrc/quant.c, `tandem::quant_gemm` / `tandem::quant_dequantize`).
 
 int8: symmetric, one scale per output feature (row of the (N, K) weight): scale = max|w| / 127,
 q = round(w / scale) in [-127, 127], stored one per byte (int8), as one group of K.
@@ -31,8 +31,9 @@ INT4_GROUP_SIZE = 128
 INT4_BLOCK = 16  # int4 values per 8 bytes (csrc/tandem_cpu.h's TANDEM_INT4_BLOCK); a group is whole blocks
 LEVELS = {"int8": 127, "int4": 7}
 # Up to this many rows the native kernel runs (each block of 4 rows reads the weights from L1 again); a
-# larger batch (a prefill) dequantizes the weight to float32 once per call and runs torch's GEMM.
+# larger batch (a prefill) dequantizes the weight a panel at a time and runs torch's GEMM on each.
 NATIVE_MAX_ROWS = 16
+PANEL_BYTES = 512 * 1024  # a prefill's float32 panel of dequantized weights: within L2 beside the GEMM's packing
 
 
 def group_size_of(scheme: str, in_features: int) -> int:
@@ -96,19 +97,55 @@ def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int
     return torch.nn.functional.linear(x.float(), weight, None if bias is None else bias.float())
 
 
-def native_runs(qweight: Tensor, offsets: Tensor | None) -> bool:
-    """The native kernels take the symmetric int8 and int4 formats."""
-    return offsets is None and qweight.dtype in (torch.int8, torch.uint8)
+def native_runs(qweight: Tensor, offsets: Tensor | None, group_size: int | None = None,
+                in_features: int | None = None) -> bool:
+    """The native kernels take every format of the module docstring, offsets or not; int4 in groups of whole
+    blocks of INT4_BLOCK values or in one group per row (the reference takes the others)."""
+    if qweight.dtype not in (torch.int8, torch.uint8, torch.float8_e4m3fn):
+        return False
+    if qweight.dtype != torch.uint8 or group_size is None or group_size % INT4_BLOCK == 0:
+        return True
+    return group_size >= (qweight.shape[1] * 2 if in_features is None else in_features)
+
+
+def panel_rows(in_features: int) -> int:
+    """Output features per panel of a prefill: PANEL_BYTES of float32 weights."""
+    return max(INT4_BLOCK, PANEL_BYTES // (4 * max(in_features, 1)))
+
+
+def quant_linear_panels(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+                        offsets: Tensor | None = None) -> Tensor:
+    """quant_linear_ref for a batch of rows (a prefill): the weight dequantized a panel of output features at a
+    time into one small float32 buffer (the native quant_dequantize, exactly the reference's values), each panel
+    multiplied by torch's GEMM into its columns of the result; x (M, K)."""
+    rows, in_features = x.shape
+    out_features = qweight.shape[0]
+    source = x.float()
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    step = min(panel_rows(in_features), out_features)
+    buffer = torch.empty(step, in_features, dtype=torch.float32)
+    for n0 in range(0, out_features, step):
+        n1 = min(n0 + step, out_features)
+        panel = cpu_native.quant_dequantize(qweight[n0:n1], scales[n0:n1], group_size,
+                                            None if offsets is None else offsets[n0:n1], buffer[:n1 - n0])
+        # The GEMM writes the columns in place: a row-major block with the result's row stride.
+        torch.mm(source, panel.t(), out=y[:, n0:n1])
+    if bias is not None:
+        y += bias.float()
+    return y
 
 
 def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
                  offsets: Tensor | None = None) -> Tensor:
-    """quant_linear_ref on the native kernel where it runs (a CPU with the library, up to NATIVE_MAX_ROWS
-    rows, a format native_runs takes); the float32 result, as the reference's."""
+    """quant_linear_ref on the native kernels where they run (a CPU with the library, a format native_runs
+    takes): up to NATIVE_MAX_ROWS rows in registers, more by panels (quant_linear_panels); the float32
+    result, as the reference's."""
     flat = x.reshape(-1, x.shape[-1])
-    if (flat.shape[0] <= NATIVE_MAX_ROWS and x.device.type == "cpu" and cpu_native.available()
-            and native_runs(qweight, offsets)):
-        y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias)
+    if x.device.type == "cpu" and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
+        if flat.shape[0] <= NATIVE_MAX_ROWS:
+            y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets)
+        else:
+            y = quant_linear_panels(flat, qweight, scales, group_size, bias, offsets)
     else:
         y = quant_linear_ref(flat, qweight, scales, group_size, bias, offsets)
     return y.view(*x.shape[:-1], qweight.shape[0])
