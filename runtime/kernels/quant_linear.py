@@ -33,7 +33,10 @@ LEVELS = {"int8": 127, "int4": 7}
 # Up to this many rows the native kernel runs (each block of 4 rows reads the weights from L1 again); a
 # larger batch (a prefill) dequantizes the weight a panel at a time and runs torch's GEMM on each.
 NATIVE_MAX_ROWS = 16
-PANEL_BYTES = 512 * 1024  # a prefill's float32 panel of dequantized weights: within L2 beside the GEMM's packing
+# A prefill's float32 panel of dequantized weights (256 features at K = 2048). Smaller panels cost more than the
+# dequantization: the GEMM packs x again for every panel (one thread, N = K = 2048, M = 512: 16-row panels 2x
+# slower than float32 nn.Linear, 2-8 MiB level with it).
+PANEL_BYTES = 2 * 1024 * 1024
 
 
 def group_size_of(scheme: str, in_features: int) -> int:

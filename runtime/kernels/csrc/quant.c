@@ -25,8 +25,9 @@
 
 #include "tandem_cpu.h"
 
-#define QUANT_ROWS 4 /* output features per block */
+#define QUANT_ROWS 8 /* output features per block */
 #define QUANT_X_ROWS 4 /* rows of x per pass over a block */
+#define QUANT_ACCUMULATORS 8 /* vector accumulators of a block: ROWS x M */
 
 /* FP8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m * 2^-9). */
 static inline float quant_fp8(uint8_t byte) {
@@ -93,7 +94,7 @@ static inline __attribute__((always_inline)) void quant_load16(const uint8_t *ro
     *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
 }
 
-/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows (raw values, scaled per group); ROWS * M <= 4
+/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows (raw values, scaled per group); ROWS * M <= 8
  * vector accumulators, each its own chain of multiply-adds. Inlined where FORMAT, ROWS and M are constants, so
  * each case is unrolled. */
 static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, int64_t row_bytes,
@@ -102,23 +103,24 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                                                               int ROWS, float *dots) {
     const int value_bytes = FORMAT == TANDEM_QUANT_INT4 ? 2 : 1; /* values per byte's step in k */
     const float unit = quant_vector_unit(FORMAT);
-    __m256 total[QUANT_ROWS];
-    float tail_total[QUANT_ROWS] = {0};
-#pragma GCC unroll 4
+    __m256 total[QUANT_ACCUMULATORS];
+    float tail_total[QUANT_ACCUMULATORS] = {0};
+#pragma GCC unroll 8
     for (int i = 0; i < ROWS * M; i++) total[i] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
         const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
-        __m256 acc[QUANT_ROWS];
-        float tail[QUANT_ROWS] = {0};
-#pragma GCC unroll 4
+        __m256 acc[QUANT_ACCUMULATORS];
+        float tail[QUANT_ACCUMULATORS] = {0};
+#pragma GCC unroll 8
         for (int i = 0; i < ROWS * M; i++) acc[i] = _mm256_setzero_ps();
         int k = k0;
         for (; k + 16 <= k1; k += 16) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < ROWS; r++) {
                 /* The same place in the next block's rows: a row of a few hundred bytes ends before the
                  * hardware prefetcher has followed it. (A prefetch past the weights' end does not fault.) */
-                _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / value_bytes), _MM_HINT_T0);
+                if (((k / value_bytes) & 63) < 16 / value_bytes)  /* once per cache line */
+                    _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / value_bytes), _MM_HINT_T0);
                 __m256 lo, hi;
                 quant_load16(w + (n + r) * row_bytes, FORMAT, k, &lo, &hi);
 #pragma GCC unroll 4
@@ -134,44 +136,46 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                 const float weight = quant_at(w + (n + r) * row_bytes, FORMAT, k);
                 for (int m = 0; m < M; m++) tail[m * ROWS + r] += weight * x[(int64_t)m * K + k];
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < ROWS * M; i++) {
             const float scale = scales[(n + i % ROWS) * groups + g];
             total[i] = _mm256_fmadd_ps(acc[i], _mm256_set1_ps(scale * unit), total[i]);
             tail_total[i] += tail[i] * scale;
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < ROWS * M; i++) dots[i] = quant_sum8(total[i]) + tail_total[i];
 }
 
-/* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x. */
+/* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x, in blocks of
+ * ROWS features (8 vector accumulators: 8 x 1, 4 x 2, 2 x 3, 2 x 4) and the rest one at a time. */
+static inline __attribute__((always_inline)) void quant_tiles(const uint8_t *w, int64_t row_bytes,
+                                                              const float *scales, int groups, int group_size,
+                                                              int FORMAT, int64_t n, int count, int K,
+                                                              const float *x, int M, int ROWS, float *dots) {
+    int r0 = 0;
+    for (; r0 + ROWS <= count; r0 += ROWS) {
+        float tile[QUANT_ROWS * QUANT_X_ROWS];
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, M, ROWS, tile);
+        for (int m = 0; m < M; m++)
+            for (int r = 0; r < ROWS; r++) dots[m * count + r0 + r] = tile[m * ROWS + r];
+    }
+    for (; r0 < count; r0++) {
+        float one[QUANT_X_ROWS];
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, M, 1, one);
+        for (int m = 0; m < M; m++) dots[m * count + r0] = one[m];
+    }
+}
+
 static inline __attribute__((always_inline)) void quant_rows(const uint8_t *w, int64_t row_bytes,
                                                              const float *scales, int groups, int group_size,
                                                              int FORMAT, int64_t n, int count, int K,
                                                              const float *x, int M, float *dots) {
-    if (M == 1 && count == 4) {
-        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n, K, x, 1, 4, dots);
-        return;
-    }
-    if (M == 2 && count % 2 == 0) {
-        for (int r0 = 0; r0 < count; r0 += 2) {
-            float two[4];
-            quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, 2, 2, two);
-            for (int m = 0; m < 2; m++)
-                for (int r = 0; r < 2; r++) dots[m * count + r0 + r] = two[m * 2 + r];
-        }
-        return;
-    }
-    for (int r = 0; r < count; r++) {
-        float one[QUANT_X_ROWS];
-        switch (M) {
-        case 1: quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r, K, x, 1, 1, one); break;
-        case 2: quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r, K, x, 2, 1, one); break;
-        case 3: quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r, K, x, 3, 1, one); break;
-        default: quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r, K, x, 4, 1, one); break;
-        }
-        for (int m = 0; m < M; m++) dots[m * count + r] = one[m];
+    switch (M) {
+    case 1: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 1, 8, dots); break;
+    case 2: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 2, 4, dots); break;
+    case 3: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 3, 2, dots); break;
+    default: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 4, 2, dots); break;
     }
 }
 
