@@ -269,3 +269,26 @@ def test_offsets_and_fp8_dequantize_group_by_group():
     torch.testing.assert_close(dequantize(fp8, scales, 16, 40), fp8.float() * scales.repeat_interleave(16, 1)[:, :40])
     x = torch.randn(2, 40, generator=generator)
     torch.testing.assert_close(quant_linear(x, fp8, scales, 16, None), x @ dequantize(fp8, scales, 16, 40).T)
+
+
+@native
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_moe_experts_run_the_native_kernels(scheme):
+    """QuantStackedLinear's experts, each on its own slice of the stacked weights: a decode's few tokens in
+    registers (bit for bit quant_gemm's result), a prefill's many by panels, both the reference's values."""
+    from runtime.layers.moe import StackedLinear
+    from runtime.layers.quantized import QuantStackedLinear
+
+    stacked = StackedLinear(3, 160, 48)
+    torch.nn.init.normal_(stacked.weight, generator=torch.Generator().manual_seed(5))
+    experts = QuantStackedLinear(stacked, scheme)
+    for expert in range(3):
+        q, scales = experts.qweight[expert], experts.scales[expert]
+        assert q.is_contiguous() and native_runs(q, None, experts.group_size, 160)
+        for rows in (3, 40):
+            x = torch.randn(rows, 160)
+            got = experts(expert, x)
+            torch.testing.assert_close(got, quant_linear_ref(x, q, scales, experts.group_size, None),
+                                       rtol=1e-5, atol=1e-5 * got.abs().max().item())
+            if rows <= NATIVE_MAX_ROWS:
+                assert torch.equal(got, cpu_native.quant_gemm(x, q, scales, experts.group_size, None))
