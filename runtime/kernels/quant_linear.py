@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from runtime.kernels import cpu_native
+from runtime.kernels.quant_linear_gpu import fp8_scaled_mm, quant_linear_triton, scaled_mm_runs
 
 SCHEMES = ("int8", "int4")  # vLLM's spellings of the on-the-fly weight-only schemes
 INT4_GROUP_SIZE = 128
@@ -141,9 +142,16 @@ def quant_linear_panels(x: Tensor, qweight: Tensor, scales: Tensor, group_size: 
 def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
                  offsets: Tensor | None = None) -> Tensor:
     """quant_linear_ref on the native kernels where they run (a CPU with the library, a format native_runs
-    takes): up to NATIVE_MAX_ROWS rows in registers, more by panels (quant_linear_panels); the float32
-    result, as the reference's."""
+    takes): up to NATIVE_MAX_ROWS rows in registers, more by panels (quant_linear_panels); on a CUDA device
+    the Triton kernel (quant_linear_gpu.py), or _scaled_mm for FP8 per-channel weights with bfloat16
+    activations where the GPU has FP8 (scaled_mm_runs). The float32 result, as the reference's."""
     flat = x.reshape(-1, x.shape[-1])
+    if x.device.type == "cuda":
+        if scaled_mm_runs(flat, qweight, scales, offsets):
+            y = fp8_scaled_mm(flat, qweight, scales, bias).float()
+        else:
+            y = quant_linear_triton(flat, qweight, scales, group_size, bias, offsets)
+        return y.view(*x.shape[:-1], qweight.shape[0])
     if x.device.type == "cpu" and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
         if flat.shape[0] <= NATIVE_MAX_ROWS:
             y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets)
