@@ -145,18 +145,18 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bi
     takes): up to NATIVE_MAX_ROWS rows in registers, more by panels (quant_linear_panels); on a CUDA device
     the Triton kernel (quant_linear_gpu.py), or _scaled_mm for FP8 per-channel weights with bfloat16
     activations where the GPU has FP8 (scaled_mm_runs). The float32 result, as the reference's."""
-    flat = x.reshape(-1, x.shape[-1])
-    if x.device.type == "cuda":
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if x.is_cuda:
         if scaled_mm_runs(flat, qweight, scales, offsets):
             y = fp8_scaled_mm(flat, qweight, scales, bias).float()
         else:
             y = quant_linear_triton(flat, qweight, scales, group_size, bias, offsets)
-        return y.view(*x.shape[:-1], qweight.shape[0])
-    if x.device.type == "cpu" and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
+    elif x.is_cpu and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
         if flat.shape[0] <= NATIVE_MAX_ROWS:
             y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets)
         else:
             y = quant_linear_panels(flat, qweight, scales, group_size, bias, offsets)
     else:
         y = quant_linear_ref(flat, qweight, scales, group_size, bias, offsets)
-    return y.view(*x.shape[:-1], qweight.shape[0])
+    # A decode's (M, K) x needs no reshape either way: each costs about a microsecond a linear.
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], qweight.shape[0])
