@@ -64,34 +64,74 @@ static inline float quant_shift(int format) { return format == TANDEM_QUANT_INT4
 
 static inline float quant_vector_unit(int format) { return format == TANDEM_QUANT_FP8 ? QUANT_FP8_UNIT : 1.0f; }
 
-static inline float quant_sum8(__m256 v) {
+#if defined(__AVX512F__)
+/* AVX-512: the 16 values of a step in one vector. Built only where the CPU has AVX-512 (-march=native): the
+ * development machine (AVX2) has never run this branch; tests/kernels/test_quant_linear.py checks it where it
+ * builds. */
+typedef __m512 quant_vec;
+#define QUANT_LANES 16
+#define qv_zero _mm512_setzero_ps
+#define qv_set1 _mm512_set1_ps
+#define qv_loadu _mm512_loadu_ps
+#define qv_storeu _mm512_storeu_ps
+#define qv_fmadd _mm512_fmadd_ps
+#define qv_mul _mm512_mul_ps
+#define qv_add _mm512_add_ps
+static inline float qv_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
+#else
+typedef __m256 quant_vec;
+#define QUANT_LANES 8
+#define qv_zero _mm256_setzero_ps
+#define qv_set1 _mm256_set1_ps
+#define qv_loadu _mm256_loadu_ps
+#define qv_storeu _mm256_storeu_ps
+#define qv_fmadd _mm256_fmadd_ps
+#define qv_mul _mm256_mul_ps
+#define qv_add _mm256_add_ps
+static inline float qv_sum(__m256 v) {
     const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
+#endif
+#define QUANT_VECS (16 / QUANT_LANES) /* vectors per step of 16 values */
 
-/* The 16 raw values of a row from k (a multiple of 16 for int4) as two vectors of 8 floats (FP8: / 256). */
-static inline __attribute__((always_inline)) void quant_load16(const uint8_t *row, int FORMAT, int k, __m256 *lo,
-                                                               __m256 *hi) {
+/* FP8 bytes (16-bit lanes) as float16 bits worth value / 256: 0x7f / 0xff (NaN) all ones, a float16 NaN. */
+static inline __m256i quant_fp8_halves(__m256i bytes) {
+    const __m256i magnitude = _mm256_and_si256(bytes, _mm256_set1_epi16(0x7f));
+    const __m256i half = _mm256_or_si256(_mm256_slli_epi16(magnitude, 7),
+                                         _mm256_slli_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(0x80)), 8));
+    return _mm256_or_si256(half, _mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x7f)));
+}
+
+/* The 16 raw values of a row from k (a multiple of 16 for int4) as QUANT_VECS vectors (FP8: / 256). */
+static inline __attribute__((always_inline)) void quant_load16(const uint8_t *row, int FORMAT, int k,
+                                                               quant_vec *v) {
+#if defined(__AVX512F__)
     if (FORMAT == TANDEM_QUANT_INT8) {
-        *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
-        *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k + 8))));
-        return;
+        v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + k))));
+    } else if (FORMAT == TANDEM_QUANT_FP8) {
+        v[0] = _mm512_cvtph_ps(quant_fp8_halves(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + k)))));
+    } else { /* the block's 8 bytes in lanes 0-7 and again in 8-15: low nibbles, then high ones */
+        const __m128i eight = _mm_loadl_epi64((const __m128i *)(row + k / 2));
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(eight, eight));
+        const __m512i shifts = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+        v[0] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(bytes, shifts), _mm512_set1_epi32(15)));
     }
-    if (FORMAT == TANDEM_QUANT_FP8) {
-        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + k)));
-        const __m256i magnitude = _mm256_and_si256(bytes, _mm256_set1_epi16(0x7f));
-        __m256i half = _mm256_or_si256(_mm256_slli_epi16(magnitude, 7),
-                                       _mm256_slli_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(0x80)), 8));
-        /* 0x7f / 0xff (NaN): all ones, a float16 NaN. */
-        half = _mm256_or_si256(half, _mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x7f)));
-        *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(half));
-        *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
-        return;
+#else
+    if (FORMAT == TANDEM_QUANT_INT8) {
+        v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
+        v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k + 8))));
+    } else if (FORMAT == TANDEM_QUANT_FP8) {
+        const __m256i half = quant_fp8_halves(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + k))));
+        v[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(half));
+        v[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
+    } else {
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2)));
+        v[0] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+        v[1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
     }
-    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2)));
-    *lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
-    *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+#endif
 }
 
 /* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows (raw values, scaled per group); ROWS * M <= 8
@@ -103,16 +143,16 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                                                               int ROWS, float *dots) {
     const int value_bytes = FORMAT == TANDEM_QUANT_INT4 ? 2 : 1; /* values per byte's step in k */
     const float unit = quant_vector_unit(FORMAT);
-    __m256 total[QUANT_ACCUMULATORS];
+    quant_vec total[QUANT_ACCUMULATORS];
     float tail_total[QUANT_ACCUMULATORS] = {0};
 #pragma GCC unroll 8
-    for (int i = 0; i < ROWS * M; i++) total[i] = _mm256_setzero_ps();
+    for (int i = 0; i < ROWS * M; i++) total[i] = qv_zero();
     for (int g = 0; g < groups; g++) {
         const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
-        __m256 acc[QUANT_ACCUMULATORS];
+        quant_vec acc[QUANT_ACCUMULATORS];
         float tail[QUANT_ACCUMULATORS] = {0};
 #pragma GCC unroll 8
-        for (int i = 0; i < ROWS * M; i++) acc[i] = _mm256_setzero_ps();
+        for (int i = 0; i < ROWS * M; i++) acc[i] = qv_zero();
         int k = k0;
         for (; k + 16 <= k1; k += 16) {
 #pragma GCC unroll 8
@@ -121,13 +161,14 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                  * hardware prefetcher has followed it. (A prefetch past the weights' end does not fault.) */
                 if (((k / value_bytes) & 63) < 16 / value_bytes)  /* once per cache line */
                     _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / value_bytes), _MM_HINT_T0);
-                __m256 lo, hi;
-                quant_load16(w + (n + r) * row_bytes, FORMAT, k, &lo, &hi);
+                quant_vec values[QUANT_VECS];
+                quant_load16(w + (n + r) * row_bytes, FORMAT, k, values);
 #pragma GCC unroll 4
                 for (int m = 0; m < M; m++) {
                     const float *xs = x + (int64_t)m * K + k;
-                    acc[m * ROWS + r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xs), acc[m * ROWS + r]);
-                    acc[m * ROWS + r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xs + 8), acc[m * ROWS + r]);
+#pragma GCC unroll 2
+                    for (int v = 0; v < QUANT_VECS; v++)
+                        acc[m * ROWS + r] = qv_fmadd(values[v], qv_loadu(xs + v * QUANT_LANES), acc[m * ROWS + r]);
                 }
             }
         }
@@ -139,12 +180,12 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
 #pragma GCC unroll 8
         for (int i = 0; i < ROWS * M; i++) {
             const float scale = scales[(n + i % ROWS) * groups + g];
-            total[i] = _mm256_fmadd_ps(acc[i], _mm256_set1_ps(scale * unit), total[i]);
+            total[i] = qv_fmadd(acc[i], qv_set1(scale * unit), total[i]);
             tail_total[i] += tail[i] * scale;
         }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < ROWS * M; i++) dots[i] = quant_sum8(total[i]) + tail_total[i];
+    for (int i = 0; i < ROWS * M; i++) dots[i] = qv_sum(total[i]) + tail_total[i];
 }
 
 /* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x, in blocks of
@@ -201,13 +242,13 @@ static inline __attribute__((always_inline)) void quant_expand_row(const uint8_t
     const float unit = quant_vector_unit(FORMAT), shift = quant_shift(FORMAT);
     for (int g = 0; g < groups; g++) {
         const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
-        const __m256 scale = _mm256_set1_ps(scales[g] * unit);
+        const quant_vec scale = qv_set1(scales[g] * unit);
         int k = k0;
         for (; k + 16 <= k1; k += 16) {
-            __m256 lo, hi;
-            quant_load16(row, FORMAT, k, &lo, &hi);
-            _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_add_ps(lo, _mm256_set1_ps(shift)), scale));
-            _mm256_storeu_ps(out + k + 8, _mm256_mul_ps(_mm256_add_ps(hi, _mm256_set1_ps(shift)), scale));
+            quant_vec values[QUANT_VECS];
+            quant_load16(row, FORMAT, k, values);
+            for (int v = 0; v < QUANT_VECS; v++)
+                qv_storeu(out + k + v * QUANT_LANES, qv_mul(qv_add(values[v], qv_set1(shift)), scale));
         }
         for (; k < k1; k++) out[k] = (quant_at(row, FORMAT, k) + shift) * scales[g];
     }
