@@ -7,7 +7,9 @@ same shape on this CPU: batch-1 decode as the bandwidth of weight bytes read, an
 Decode cycles through enough distinct weights to exceed the last-level cache (--stream-mb of each format), so
 the weights come from memory as in a model's step; the copy bandwidth is a torch copy of a buffer of that size
 (bytes read per second, the same count). bfloat16 decode runs on tandem::gemv (what a bfloat16 model's decode
-linear runs); prefill baselines are torch's nn.functional.linear in float32 and bfloat16. The best of --repeats runs (see best_seconds); with one thread, CPU time.
+linear runs); prefill baselines are torch's nn.functional.linear in float32 and bfloat16. The best of --repeats
+runs (see best_seconds); with one thread, that thread's CPU time. Besides the on-the-fly formats, the GGUF
+block layouts' group sizes: Q8_0 (int8, groups of 32), Q6_K (int8, 16), Q4_K (int4, 32, with offsets).
 """
 
 from __future__ import annotations
@@ -46,10 +48,19 @@ def fp8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     return (weight / scales).to(torch.float8_e4m3fn), scales.float(), weight.shape[1]
 
 
+def grouped(qweight: torch.Tensor, n: int, k: int, group_size: int, offsets: bool) -> tuple:
+    """qweight with scales (and offsets) per group of group_size: the GGUF block layouts' cost."""
+    groups = -(-k // group_size)
+    return qweight, torch.rand(n, groups) * 1e-2, group_size, torch.randn(n, groups) * 1e-3 if offsets else None
+
+
 def formats(weight: torch.Tensor) -> dict[str, tuple]:
-    int4 = quantize(weight, "int4")
-    return {"int8": (*quantize(weight, "int8"), None), "int4": (*int4, None),
-            "int4+offsets": (*int4, torch.randn_like(int4[1]) * 1e-3), "fp8": (*fp8_weight(weight), None)}
+    int4, int8 = quantize(weight, "int4"), quantize(weight, "int8")
+    n, k = weight.shape
+    return {"int8": (*int8, None), "int4": (*int4, None),
+            "int4+offsets": (*int4, torch.randn_like(int4[1]) * 1e-3), "fp8": (*fp8_weight(weight), None),
+            "int8 g32 (Q8_0)": grouped(int8[0], n, k, 32, False), "int8 g16 (Q6_K)": grouped(int8[0], n, k, 16, False),
+            "int4 g32+off (Q4_K)": grouped(int4[0], n, k, 32, True)}
 
 
 def weight_bytes(parts: tuple) -> int:
@@ -82,7 +93,7 @@ def decode(n: int, k: int, stream_mb: int, repeats: int) -> None:
         if name == "copy":
             print(f"  copy of {stream_mb} MB: {sizes[name] / seconds / 1e9:6.1f} GB/s read (as much written)")
         else:
-            print(f"  {name:16s} {seconds * 1e6:8.1f} us  {sizes[name] / seconds / 1e9:6.1f} GB/s")
+            print(f"  {name:20s} {seconds * 1e6:8.1f} us  {sizes[name] / seconds / 1e9:6.1f} GB/s")
 
 
 def prefill(n: int, k: int, rows: list[int], repeats: int) -> None:
