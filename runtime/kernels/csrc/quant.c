@@ -172,6 +172,7 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                 }
             }
         }
+        const int has_tail = k < k1; /* small groups (GGUF's 16 and 32) have none: skip its scalar work */
         for (; k < k1; k++)
             for (int r = 0; r < ROWS; r++) {
                 const float weight = quant_at(w + (n + r) * row_bytes, FORMAT, k);
@@ -181,7 +182,7 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
         for (int i = 0; i < ROWS * M; i++) {
             const float scale = scales[(n + i % ROWS) * groups + g];
             total[i] = qv_fmadd(acc[i], qv_set1(scale * unit), total[i]);
-            tail_total[i] += tail[i] * scale;
+            if (has_tail) tail_total[i] += tail[i] * scale;
         }
     }
 #pragma GCC unroll 8
