@@ -64,7 +64,9 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int, start: int) -> int:
         """New tokens for `seq` from `start` this step, or 0 if it must wait for a larger budget."""
-        n = min(seq.num_tokens - start, budget)
+        # A running sequence's drafts (speculative decoding) are verified in the same chunk as its last token.
+        end = seq.num_tokens + len(seq.spec_token_ids)
+        n = min(end - start, budget)
         if n < seq.num_tokens - start and not self.limits.enable_chunked_prefill:
             return 0
         prefix = self.cache.prefix
@@ -77,6 +79,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._chunk(seq, budget, seq.num_computed_tokens)
+            if seq.spec_token_ids and not self.cache.can_allocate(seq, n):
+                seq.spec_token_ids = []  # drafts never preempt anyone
+                n = self._chunk(seq, budget, seq.num_computed_tokens)
             if n == 0:
                 i += 1
                 continue
@@ -114,6 +119,7 @@ class Scheduler:
         self.running.remove(seq)
         self.cache.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)

@@ -51,6 +51,10 @@ class Sequence:
     text: str | None = None
     # With params.structured_outputs: the GrammarState that says which tokens may come next.
     grammar: Any = None
+    # Speculative decoding: the tokens proposed for this step (not yet part of token_ids), and the pages
+    # that hold its state as it was before the step verified them (runtime/spec_decode/speculator.py).
+    spec_token_ids: list[int] = field(default_factory=list)
+    checkpoint_pages: list[int] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:

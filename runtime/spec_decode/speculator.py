@@ -1,0 +1,103 @@
+"""The engine's side of speculative decoding, per step: propose, checkpoint, settle. Pure Python.
+
+Rollback is checkpoint-and-replay. Attention needs nothing: a rejected draft's K and V sit past the
+sequence's computed length and are overwritten by the tokens that follow. A state layer (Mamba-1, Mamba-2,
+Gated DeltaNet, short conv, the state half of a parallel or shared-attention hybrid) has folded every
+verified position into its one state, so before a verify step each drafted sequence's state pages are
+copied into checkpoint pages (one page id per state group per sequence, reserved at start-up). When all
+drafts hold, the state after the step is the state after them and nothing else happens. When one is
+rejected, the checkpoint is copied back and the sequence's computed length returns to where the step
+began: the next step recomputes the accepted tokens from that state, together with its new drafts (the
+replay shares the next forward pass, so it costs tokens in a step, not a step).
+"""
+
+from __future__ import annotations
+
+from runtime.scheduler import Batch
+from runtime.sequence import Sequence
+from runtime.spec_decode import ngram
+from runtime.spec_decode.config import SpeculativeConfig
+from runtime.spec_decode.verify import SpecCounters, num_accepted
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, num_state_groups: int, checkpoint_pages: list[int],
+                 max_model_len: int):
+        self.config = config
+        self.num_state_groups = num_state_groups
+        self.checkpoint_pages = checkpoint_pages
+        self.max_model_len = max_model_len
+        self.counters = SpecCounters()
+        self._extra: dict[str, int] = {}  # request id -> drafts to count as computed once appended
+
+    # Before scheduling --------------------------------------------------------------------------
+
+    def propose(self, running: list[Sequence]) -> None:
+        for seq in running:
+            seq.spec_token_ids = self._drafts(seq)
+
+    def _drafts(self, seq: Sequence) -> list[int]:
+        # A grammar would have to accept each draft before it is scored; such requests decode one at a time.
+        if seq.grammar is not None or seq.num_computed_tokens < len(seq.prompt_token_ids):
+            return []
+        room = min(self.config.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
+        if seq.params.max_tokens is not None:  # the last sampled token comes on top of the drafts
+            room = min(room, seq.params.max_tokens - len(seq.output_token_ids) - 1)
+        if room < 1:
+            return []
+        return ngram.propose(seq.token_ids, room, self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+
+    # After scheduling ---------------------------------------------------------------------------
+
+    def checkpoint(self, batch: Batch) -> list[tuple[int, int]]:
+        """Keep the drafts the budget left room for; the page copies that checkpoint drafted states."""
+        copies, used = [], 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.spec_token_ids = seq.spec_token_ids[:max(0, seq.num_computed_tokens + n - seq.num_tokens)]
+            if seq.spec_token_ids and self.num_state_groups:
+                pages = self.checkpoint_pages[used : used + self.num_state_groups]
+                used += self.num_state_groups
+                seq.checkpoint_pages = pages
+                copies.extend(zip(seq.state_pages, pages))
+        return copies
+
+    # After the forward pass ---------------------------------------------------------------------
+
+    def settle(self, batch: Batch, seqs: list[Sequence], tokens: list[list[int] | None]) -> tuple[list[int],
+                                                                                                 list[tuple[int, int]]]:
+        """Per sampled sequence, how many of its rows to keep; and the copies that restore rejected states.
+
+        `tokens`: per sequence, the token sampled at each row (None where sampling failed). Each drafted
+        sequence's count in `batch` becomes what the cache holds correctly after the step."""
+        index = {id(seq): i for i, seq in enumerate(batch.seqs)}
+        keep, restores = [], []
+        for seq, sampled in zip(seqs, tokens):
+            drafts = seq.spec_token_ids
+            if not drafts:
+                keep.append(1)
+                continue
+            i = index[id(seq)]
+            if sampled is None:  # the request fails; its count must still stay within its tokens
+                batch.num_new_tokens[i] -= len(drafts)
+                keep.append(1)
+                continue
+            accepted = num_accepted(drafts, sampled)
+            self.counters.observe(len(drafts), accepted)
+            keep.append(accepted + 1)
+            if self.num_state_groups and accepted < len(drafts):
+                batch.num_new_tokens[i] = 0  # back to the checkpoint: the next step replays from it
+                restores.extend(zip(seq.checkpoint_pages, seq.state_pages))
+                self._extra[seq.request_id] = 0
+            else:
+                batch.num_new_tokens[i] -= len(drafts)  # the drafts count once they are tokens
+                self._extra[seq.request_id] = accepted
+        return keep, restores
+
+    def advance(self, seqs: list[Sequence]) -> None:
+        """After the accepted drafts were appended: they are computed (their KV and state are in the cache)."""
+        for seq in seqs:
+            extra = self._extra.pop(seq.request_id, 0)
+            if not seq.is_finished:
+                seq.num_computed_tokens += extra
+            seq.spec_token_ids = []
+            seq.checkpoint_pages = []
