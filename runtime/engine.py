@@ -62,6 +62,8 @@ def check_capabilities(config: EngineConfig) -> None:
         require(caps.feature(Feature.PREFIX_CACHING), "prefix caching")
     if config.tensor_parallel_size > 1:
         require(caps.feature(Feature.TENSOR_PARALLEL), "tensor parallelism")
+    if config.speculative is not None:
+        require(caps.feature(Feature.SPECULATIVE_DECODING), f"speculative decoding ({spell('speculative_config')})")
     if config.enable_chunked_prefill:
         require(caps.feature(Feature.CHUNKED_PREFILL), f"chunked prefill (pass {spell('enable_chunked_prefill', False)})")
 
@@ -153,8 +155,7 @@ class Engine:
         self._timings: dict[str, Timing] = {}
         self.counters = EngineCounters()
         spec = config.speculative
-        self.speculator = None if spec is None else Speculator(spec, config.cache.num_state_groups,
-                                                               self.runner.checkpoint_pages, self.max_model_len)
+        self.speculator = None if spec is None else Speculator(spec, config.cache.num_state_groups, self.max_model_len)
 
     def _fit_max_model_len(self) -> int:
         layout, wanted = self.config.cache, self.config.derived_max_model_len
@@ -279,13 +280,15 @@ class Engine:
             return []
         self._copy_pages()  # cached snapshots into the states of sequences that resume from them
         if self.speculator is not None:
-            self.cache.copies.extend(self.speculator.checkpoint(batch))
+            self.cache.copies.extend(self.speculator.checkpoint(batch, self.cache))
             self._copy_pages()  # drafted sequences' states, in case a draft is rejected
         self.counters.batch_size.observe(len(batch.seqs))
         seqs, logits, prompt_logits = self.runner.run(batch)
         verified = self._verify(batch, seqs, logits)
         self.scheduler.update(batch)
         self._copy_pages()  # rejected drafts' states restored; states snapshotted at block boundaries
+        if self.speculator is not None:
+            self.speculator.release(batch, self.cache)
         for chunk in prompt_logits:
             self._add_prompt_logprobs(chunk)
         if not seqs:

@@ -31,8 +31,8 @@ COMPILE_MIN_STATE_BYTES = 256 * 1024
 
 
 def checkpoint_pages(config: EngineConfig) -> int:
-    """Page ids speculative decoding reserves: one per state group for each sequence that may verify drafts."""
-    return config.max_num_seqs * config.cache.num_state_groups if config.speculative is not None else 0
+    """Page ids a sequence's verify step borrows for its state checkpoints: one per state group."""
+    return config.cache.num_state_groups if config.speculative is not None else 0
 
 
 def compile_pays(layout: CacheLayout) -> bool:
@@ -87,11 +87,9 @@ class ModelRunner:
                         weight_bytes(self.model) / 2**20)
         if self.device.type == "cpu" and self.kernel_backend == "torch":
             pack_linears(self.model)
-        total = self._num_pages()
-        # Speculative decoding's state checkpoints live in pages of their own, outside the cache manager's.
-        self.num_pages = total - self._num_checkpoint_pages(total)
-        self.checkpoint_pages = list(range(self.num_pages, total))
-        self.pool = allocate_pool(self.layout, total, self.device)
+        self.num_pages = self._num_pages()
+        self._check_checkpoint_room()
+        self.pool = allocate_pool(self.layout, self.num_pages, self.device)
         bind_pool(self.model, self.pool, self.layout)
         # Mamba-1 has no chunked scan; its prefill metadata still wants a chunk length.
         self.chunk_size = config.declaration.mamba_chunk_size(config.hf_config) or MAMBA1_CHUNK
@@ -115,18 +113,17 @@ class ModelRunner:
         useful = self.config.max_num_seqs * self.layout.pages_per_sequence(self.config.derived_max_model_len)
         if self.config.enable_prefix_caching:
             useful *= 2
-        return max(1, min(by_memory, useful + checkpoint_pages(self.config)))
+        return max(1, min(by_memory, useful + self.config.max_num_seqs * checkpoint_pages(self.config)))
 
-    def _num_checkpoint_pages(self, total: int) -> int:
-        """Refuse, at start-up, a pool that cannot hold the checkpoints and one sequence besides."""
-        spare, config = checkpoint_pages(self.config), self.config
-        if spare and total - spare < self.layout.pages_per_sequence(1):
+    def _check_checkpoint_room(self) -> None:
+        """Refuse, at start-up, a pool that cannot hold a sequence and the state checkpoints of its verify step."""
+        spare, needed = checkpoint_pages(self.config), self.layout.pages_per_sequence(1)
+        if spare and self.num_pages < needed + spare:
             raise ValueError(
-                f"the page pool ({plural(total, 'page')}) cannot hold speculative decoding's state checkpoints "
-                f"({plural(spare, 'page')}: {spell('max_num_seqs', config.max_num_seqs)} x "
-                f"{plural(self.layout.num_state_groups, 'state group')}) and a sequence besides: raise "
-                f"{spell('kv_cache_memory')} or {spell('num_pages')}, or lower {spell('max_num_seqs')}")
-        return spare
+                f"the page pool ({plural(self.num_pages, 'page')}) cannot hold a sequence ({plural(needed, 'page')} "
+                f"at least) and the state checkpoints speculative decoding takes while it verifies drafts "
+                f"({plural(spare, 'page')}, one per state group): raise {spell('kv_cache_memory')} or "
+                f"{spell('num_pages')}")
 
     def execute(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step; return the sequences that get a new token and their logits (float32)."""

@@ -69,6 +69,11 @@ class Scheduler:
         n = min(end - start, budget)
         if n < seq.num_tokens - start and not self.limits.enable_chunked_prefill:
             return 0
+        prompt_end = len(seq.prompt_token_ids)
+        if self.limits.enable_chunked_prefill and seq.output_token_ids and start < prompt_end < start + n:
+            # A recomputed sequence's generated tokens get a chunk of their own, computed as decoding computed
+            # them (runtime.context.GeneratedSplit: some scans treat dt otherwise than decode does).
+            n = prompt_end - start
         prefix = self.cache.prefix
         if prefix is not None and self.limits.enable_chunked_prefill:
             n = prefix.chunk_end(seq, start, start + n) - start

@@ -4,7 +4,8 @@ Rollback is checkpoint-and-replay. Attention needs nothing: a rejected draft's K
 sequence's computed length and are overwritten by the tokens that follow. A state layer (Mamba-1, Mamba-2,
 Gated DeltaNet, short conv, the state half of a parallel or shared-attention hybrid) has folded every
 verified position into its one state, so before a verify step each drafted sequence's state pages are
-copied into checkpoint pages (one page id per state group per sequence, reserved at start-up). When all
+copied into checkpoint pages (one page id per state group per sequence, borrowed from the free pages for
+the step; the pool must hold them besides a sequence, which start-up checks). When all
 drafts hold, the state after the step is the state after them and nothing else happens. When one is
 rejected, the checkpoint is copied back and the sequence's computed length returns to where the step
 began: the next step recomputes the accepted tokens from that state, together with its new drafts (the
@@ -13,6 +14,7 @@ replay shares the next forward pass, so it costs tokens in a step, not a step).
 
 from __future__ import annotations
 
+from runtime.cache.manager import CacheManager
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
 from runtime.spec_decode import ngram
@@ -21,11 +23,9 @@ from runtime.spec_decode.verify import SpecCounters, num_accepted
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, num_state_groups: int, checkpoint_pages: list[int],
-                 max_model_len: int):
+    def __init__(self, config: SpeculativeConfig, num_state_groups: int, max_model_len: int):
         self.config = config
         self.num_state_groups = num_state_groups
-        self.checkpoint_pages = checkpoint_pages
         self.max_model_len = max_model_len
         self.counters = SpecCounters()
         self._extra: dict[str, int] = {}  # request id -> drafts to count as computed once appended
@@ -49,16 +49,22 @@ class Speculator:
 
     # After scheduling ---------------------------------------------------------------------------
 
-    def checkpoint(self, batch: Batch) -> list[tuple[int, int]]:
-        """Keep the drafts the budget left room for; the page copies that checkpoint drafted states."""
-        copies, used = [], 0
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+    def checkpoint(self, batch: Batch, cache: CacheManager) -> list[tuple[int, int]]:
+        """Keep the drafts the budget left room for; the page copies that checkpoint drafted states, into
+        pages borrowed for the step. A sequence that finds no free pages for them verifies no drafts."""
+        copies = []
+        for i, seq in enumerate(batch.seqs):
+            n = batch.num_new_tokens[i]
             seq.spec_token_ids = seq.spec_token_ids[:max(0, seq.num_computed_tokens + n - seq.num_tokens)]
-            if seq.spec_token_ids and self.num_state_groups:
-                pages = self.checkpoint_pages[used : used + self.num_state_groups]
-                used += self.num_state_groups
-                seq.checkpoint_pages = pages
-                copies.extend(zip(seq.state_pages, pages))
+            if not seq.spec_token_ids or not self.num_state_groups:
+                continue
+            pages = cache.borrow(self.num_state_groups)
+            if pages is None:
+                batch.num_new_tokens[i] -= len(seq.spec_token_ids)
+                seq.spec_token_ids = []
+                continue
+            seq.checkpoint_pages = pages
+            copies.extend(zip(seq.state_pages, pages))
         return copies
 
     # After the forward pass ---------------------------------------------------------------------
@@ -93,6 +99,12 @@ class Speculator:
                 self._extra[seq.request_id] = accepted
         return keep, restores
 
+    def release(self, batch: Batch, cache: CacheManager) -> None:
+        """After the step's copies ran: the checkpoint pages go back to the pool."""
+        for seq in batch.seqs:
+            cache.give_back(seq.checkpoint_pages)
+            seq.checkpoint_pages = []
+
     def advance(self, seqs: list[Sequence]) -> None:
         """After the accepted drafts were appended: they are computed (their KV and state are in the cache)."""
         for seq in seqs:
@@ -100,4 +112,3 @@ class Speculator:
             if not seq.is_finished:
                 seq.num_computed_tokens += extra
             seq.spec_token_ids = []
-            seq.checkpoint_pages = []
