@@ -131,7 +131,7 @@ class EngineConfig:
     max_logprobs: int = field(default=20, metadata=option(
         "top log-probabilities per token a request may ask for at most", metavar="N"))
 
-    # vLLM's spelling; a dict becomes its JSON text at construction (the config stays hashable).
+    # vLLM's spelling; a dict becomes its JSON text at construction, as the command line gives it.
     speculative_config: dict[str, Any] | str | None = field(default=None, metadata=option(
         'speculative decoding as vLLM\'s JSON object, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
         '"prompt_lookup_min": 1, "prompt_lookup_max": 5}\': prompt lookup proposes tokens that one step verifies; '
