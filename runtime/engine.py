@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import logging
@@ -468,7 +469,7 @@ class Engine:
                              finished=seq.is_finished, num_preemptions=seq.num_preemptions,
                              num_cached_tokens=seq.num_cached_tokens,
                              prompt_logprobs=list(seq.prompt_logprobs) if seq.params.prompt_logprobs is not None
-                             else None)
+                             else None, spec_decode=copy.deepcopy(seq.spec_counters))
 
     def _completion(self, seq: Sequence) -> CompletionOutput:
         text = seq.text if seq.text is not None else self.decode(seq)
@@ -523,6 +524,7 @@ class Engine:
             batch_size=counters.batch_size.snapshot(),
             prefix_cache_queries=self.cache.num_queried_tokens,
             prefix_cache_hits=self.cache.num_hit_tokens,
+            spec_decode=copy.deepcopy(self.speculator.counters) if self.speculator is not None else None,
         )
 
     @property

@@ -55,6 +55,7 @@ class Sequence:
     # that hold its state as it was before the step verified them (runtime/spec_decode/speculator.py).
     spec_token_ids: list[int] = field(default_factory=list)
     checkpoint_pages: list[int] = field(default_factory=list)
+    spec_counters: Any = None  # runtime.spec_decode.verify.SpecCounters, once the request verified drafts
 
     @property
     def token_ids(self) -> list[int]:

@@ -89,6 +89,9 @@ class Speculator:
                 continue
             accepted = num_accepted(drafts, sampled)
             self.counters.observe(len(drafts), accepted)
+            if seq.spec_counters is None:
+                seq.spec_counters = SpecCounters()
+            seq.spec_counters.observe(len(drafts), accepted)
             keep.append(accepted + 1)
             if self.num_state_groups and accepted < len(drafts):
                 batch.num_new_tokens[i] = 0  # back to the checkpoint: the next step replays from it

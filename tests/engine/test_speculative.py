@@ -106,6 +106,11 @@ def test_greedy_tokens_and_logprobs_equal_without_speculation(checkpoint, refere
     assert_same(outputs, reference)
     assert_drafts_accepted_and_rejected(llm)
     assert mixed, "no step held a verify, a plain decode and a prefill chunk together"
+    # Each request's own counters (RequestOutput.spec_decode) add up to the engine's.
+    counters = llm.engine.speculator.counters
+    mine = [o.spec_decode for o in outputs if o.spec_decode is not None]
+    assert sum(c.num_accepted_tokens for c in mine) == counters.num_accepted_tokens
+    assert sum(c.num_draft_tokens for c in mine) == counters.num_draft_tokens
     assert_pool_free(llm)
 
 
