@@ -56,6 +56,8 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)
     checkpoint_pages: list[int] = field(default_factory=list)
     spec_counters: Any = None  # runtime.spec_decode.verify.SpecCounters, once the request verified drafts
+    # (steps left without proposals, the next such pause): drafts that keep failing pause (Speculator.settle).
+    spec_backoff: tuple[int, int] = (0, 0)
 
     @property
     def token_ids(self) -> list[int]:

@@ -6,12 +6,26 @@ from __future__ import annotations
 
 def propose(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to `k` tokens that followed the latest earlier occurrence of the longest suffix of `token_ids`
-    (from `max_n` tokens down to `min_n`); [] when no suffix recurs."""
+    (from `max_n` tokens down to `min_n`); [] when no suffix recurs.
+
+    Runs every decode step over the whole sequence, so the scan is list.index's (in C) over the earlier
+    positions of the last token, latest first; each is extended backwards to the length it matches."""
     num = len(token_ids)
-    for n in range(min(max_n, num - 1), min_n - 1, -1):
-        suffix = token_ids[num - n:]
-        # The latest match proposes what the sequence did most recently: editing runs copy the nearest text.
-        for start in range(num - n - 1, -1, -1):
-            if token_ids[start:start + n] == suffix:
-                return token_ids[start + n:start + n + k]
-    return []
+    if num < 2:
+        return []
+    earlier = token_ids[-2::-1]  # position num - 2 - i at index i
+    best_n, best_end, i = 0, -1, -1
+    while best_n < max_n:
+        try:
+            i = earlier.index(token_ids[-1], i + 1)
+        except ValueError:
+            break
+        end = num - 2 - i  # the last token of this occurrence
+        n = 1
+        while n < max_n and end - n >= 0 and token_ids[end - n] == token_ids[num - 1 - n]:
+            n += 1
+        if n > best_n:  # strictly longer: among equal lengths the latest (found first) stays
+            best_n, best_end = n, end
+    if best_n < min_n:
+        return []
+    return token_ids[best_end + 1 : best_end + 1 + k]

@@ -22,6 +22,22 @@ from runtime.spec_decode.config import SpeculativeConfig
 from runtime.spec_decode.verify import SpecCounters, num_accepted
 
 
+# A verify step runs the prefill path (and, for a captured engine, eagerly), and a rejection replays the
+# accepted tokens: a draft that fails costs about 2-4 plain decode steps (bench/speculative.py). So a
+# request whose verify keeps fewer than half its drafts stops proposing for 4, 8, 16, ... MAX_PAUSE steps,
+# until a verify keeps all its drafts; this changes which steps verify, never the tokens.
+FIRST_PAUSE, MAX_PAUSE = 4, 64
+
+
+def _back_off(seq: Sequence, accepted: int, num_drafts: int) -> None:
+    pause = seq.spec_backoff[1]
+    if 2 * accepted < num_drafts:
+        pause = min(MAX_PAUSE, 2 * pause or FIRST_PAUSE)
+        seq.spec_backoff = (pause, pause)
+    elif accepted == num_drafts:
+        seq.spec_backoff = (0, 0)
+
+
 class Speculator:
     def __init__(self, config: SpeculativeConfig, num_state_groups: int, max_model_len: int):
         self.config = config
@@ -39,6 +55,10 @@ class Speculator:
     def _drafts(self, seq: Sequence) -> list[int]:
         # A grammar would have to accept each draft before it is scored; such requests decode one at a time.
         if seq.grammar is not None or seq.num_computed_tokens < len(seq.prompt_token_ids):
+            return []
+        left, pause = seq.spec_backoff
+        if left:
+            seq.spec_backoff = (left - 1, pause)
             return []
         room = min(self.config.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
         if seq.params.max_tokens is not None:  # the last sampled token comes on top of the drafts
@@ -89,6 +109,7 @@ class Speculator:
                 continue
             accepted = num_accepted(drafts, sampled)
             self.counters.observe(len(drafts), accepted)
+            _back_off(seq, accepted, len(drafts))
             if seq.spec_counters is None:
                 seq.spec_counters = SpecCounters()
             seq.spec_counters.observe(len(drafts), accepted)

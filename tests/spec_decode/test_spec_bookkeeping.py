@@ -38,3 +38,23 @@ def test_counters_count_drafts_tokens_and_each_position():
     assert (counters.num_drafts, counters.num_draft_tokens, counters.num_accepted_tokens) == (3, 9, 6)
     assert counters.accepted_per_pos == [2, 2, 1, 1]
     assert counters.acceptance_rate == 6 / 9
+
+
+def brute_force(tokens, k, min_n, max_n):
+    """The definition, by slicing: the longest recurring suffix, its latest earlier occurrence."""
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tokens[len(tokens) - n:]:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def test_propose_equals_the_definition_on_random_sequences():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        tokens = [rng.randrange(rng.randrange(1, 6)) for _ in range(rng.randrange(1, 40))]
+        low = rng.randrange(1, 4)
+        high, k = rng.randrange(low, 6), rng.randrange(1, 6)
+        assert propose(tokens, k, low, high) == brute_force(tokens, k, low, high), (tokens, k, low, high)
