@@ -129,7 +129,10 @@ class DecodeGraphs:
         self.disabled = False
 
     def run(self, plan: Any) -> torch.Tensor | None:
-        decode_only = plan.num_decodes == len(plan.counts) and not plan.prompt_rows
+        # A graph returns every row's logits: a one-token step that samples nothing (a chunk cut one token
+        # before the sequence's end, as after a rejected draft) runs eagerly.
+        decode_only = (plan.num_decodes == len(plan.counts) and not plan.prompt_rows
+                       and len(plan.logits_indices) == len(plan.counts))
         if self.disabled or not decode_only:
             return None
         if any(graph.pool is not self.runner.pool for graph in self.graphs.values()):

@@ -64,9 +64,16 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int, start: int) -> int:
         """New tokens for `seq` from `start` this step, or 0 if it must wait for a larger budget."""
-        n = min(seq.num_tokens - start, budget)
+        # A running sequence's drafts (speculative decoding) are verified in the same chunk as its last token.
+        end = seq.num_tokens + len(seq.spec_token_ids)
+        n = min(end - start, budget)
         if n < seq.num_tokens - start and not self.limits.enable_chunked_prefill:
             return 0
+        prompt_end = len(seq.prompt_token_ids)
+        if self.limits.enable_chunked_prefill and seq.output_token_ids and start < prompt_end < start + n:
+            # A recomputed sequence's generated tokens get a chunk of their own, computed as decoding computed
+            # them (runtime.context.GeneratedSplit: some scans treat dt otherwise than decode does).
+            n = prompt_end - start
         prefix = self.cache.prefix
         if prefix is not None and self.limits.enable_chunked_prefill:
             n = prefix.chunk_end(seq, start, start + n) - start
@@ -77,6 +84,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._chunk(seq, budget, seq.num_computed_tokens)
+            if seq.spec_token_ids and not self.cache.can_allocate(seq, n):
+                seq.spec_token_ids = []  # drafts never preempt anyone
+                n = self._chunk(seq, budget, seq.num_computed_tokens)
             if n == 0:
                 i += 1
                 continue
@@ -114,6 +124,7 @@ class Scheduler:
         self.running.remove(seq)
         self.cache.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.models.interface import Capabilities, Feature, Support, planned, supported, unsupported
+from runtime.models.interface import Capabilities, Feature, Status, Support, partial, planned, supported, unsupported
 
 ON_ENGINE = supported()
 NOT_ON_ENGINE = planned("The forward pass has not landed on the engine yet.")
@@ -10,6 +10,8 @@ SINGLE_DEVICE = planned("`tandem plan --tp N` computes per-rank shapes, but thes
 NO_PREFIX_CACHING = planned("Prefix caching is not implemented; the block-size resolver already accounts for it.")
 NO_CUDA_GRAPHS = planned("CUDA graph capture is not implemented: decode runs eagerly on a GPU. CPU decode steps are "
                          "captured and replayed where every op can be (enforce_eager turns that off).")
+NGRAM_ONLY = partial("n-gram (prompt lookup) drafts, verified exactly for every layer kind; a draft model and MTP "
+                     "heads are planned.")
 
 
 def capabilities(engine: Support = NOT_ON_ENGINE, **overrides: Support) -> Capabilities:
@@ -21,6 +23,8 @@ def capabilities(engine: Support = NOT_ON_ENGINE, **overrides: Support) -> Capab
         Feature.TENSOR_PARALLEL: SINGLE_DEVICE,
         Feature.PIPELINE_PARALLEL: unsupported(),
         Feature.LORA: unsupported(),
+        # Every layer kind on the engine rolls back exactly (docs/features/speculative_decoding.md).
+        Feature.SPECULATIVE_DECODING: NGRAM_ONLY if engine.status is Status.SUPPORTED else NOT_ON_ENGINE,
     }
     for name, support in overrides.items():
         features[Feature[name.upper()]] = support
