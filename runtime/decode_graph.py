@@ -130,7 +130,7 @@ class DecodeGraphs:
 
     def run(self, plan: Any) -> torch.Tensor | None:
         decode_only = plan.num_decodes == len(plan.counts) and not plan.prompt_rows
-        if self.disabled or not decode_only:
+        if self.disabled or not decode_only or plan.loras:  # steps with LoRA adapters run eagerly
             return None
         if any(graph.pool is not self.runner.pool for graph in self.graphs.values()):
             self.graphs.clear()  # recorded against a pool the runner no longer has

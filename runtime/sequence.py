@@ -51,6 +51,8 @@ class Sequence:
     text: str | None = None
     # With params.structured_outputs: the GrammarState that says which tokens may come next.
     grammar: Any = None
+    # The request's LoRARequest, or None for the base model.
+    lora_request: Any = None
 
     @property
     def token_ids(self) -> list[int]:

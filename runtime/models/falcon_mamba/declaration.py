@@ -50,7 +50,7 @@ class FalconMambaForCausalLM(ModelDeclaration):
     example_models = ("tiiuae/falcon-mamba-7b", "tiiuae/falcon-mamba-7b-instruct")
     layer_kinds = frozenset({LayerKind.MAMBA1})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.falcon_mamba.model:FalconMambaForCausalLM"
     defaults = FALCON_MAMBA_DEFAULTS
 

@@ -60,7 +60,7 @@ class GraniteMoeHybridForCausalLM(BambaForCausalLM):
     model_name = "Granite 4.0-H"
     example_models = ("ibm-granite/granite-4.0-h-tiny", "ibm-granite/granite-4.0-h-small")
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.granitemoehybrid.model:GraniteMoeHybridForCausalLM"
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "num_key_value_heads": None}
 

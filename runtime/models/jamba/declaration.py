@@ -38,7 +38,7 @@ class JambaForCausalLM(ModelDeclaration):
     example_models = ("ai21labs/Jamba-v0.1", "ai21labs/AI21-Jamba-Mini-1.7")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA1})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.jamba.model:JambaForCausalLM"
     defaults = {
         "hidden_size": 4096,

@@ -38,7 +38,7 @@ class MambaForCausalLM(ModelDeclaration):
     example_models = ("state-spaces/mamba-130m-hf", "state-spaces/mamba-2.8b-hf")
     layer_kinds = frozenset({LayerKind.MAMBA1})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.mamba.model:MambaForCausalLM"
     defaults = {"hidden_size": 768, "num_hidden_layers": 32, "state_size": 16, "conv_kernel": 4, "expand": 2}
 

@@ -65,7 +65,7 @@ class Zamba2ForCausalLM(ModelDeclaration):
     example_models = ("Zyphra/Zamba2-1.2B", "Zyphra/Zamba2-2.7B-Instruct-v2")
     layer_kinds = frozenset({LayerKind.MAMBA2, LayerKind.HYBRID})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.zamba2.model:Zamba2ForCausalLM"
     defaults = {
         "hidden_size": 2560,
