@@ -106,7 +106,7 @@ def group_tensors(request: LoRARequest, tensors: dict[str, torch.Tensor]) -> dic
     for key, tensor in tensors.items():
         name = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
         name = re.sub(r"\.(lora_[AB])\.[^.]+\.(weight|bias)$", r".\1.\2", name)  # unnamed-adapter saves
-        match = re.fullmatch(r"(.+)\.(lora_A\.weight|lora_B\.weight|lora_B\.bias|bias)", name)
+        match = re.fullmatch(r"(.+?)\.(lora_A\.weight|lora_B\.weight|lora_B\.bias|bias)", name)
         if match is None:
             what = "DoRA (lora_magnitude_vector)" if "lora_magnitude_vector" in name else (
                 "LoRA on embeddings" if "lora_embedding" in name else "this tensor")
@@ -120,6 +120,7 @@ def read_adapter(request: LoRARequest, checkpoint_name: Any, layers: dict[str, A
     """The adapter at request.lora_path, checked against `layers` (our module name -> LoRALinear)."""
     config = read_config(request)
     modules: dict[str, ModuleWeights] = {}
+    sources: dict[str, str] = {}  # our module name -> the adapter's module name it came from
     rank = 0
     for module, parts in group_tensors(request, read_tensors(request)).items():
         ours = _our_module(request, checkpoint_name, layers, module)
@@ -144,11 +145,23 @@ def read_adapter(request: LoRARequest, checkpoint_name: Any, layers: dict[str, A
         replaced = parts.get("bias")
         if replaced is not None and replaced.shape != (layer.full_out,):
             raise _fail(request, f"{module}: bias shape {tuple(replaced.shape)} does not fit ({layer.full_out},)")
-        modules[ours] = ModuleWeights(a.contiguous(), (b * scale).contiguous(), bias, replaced)
+        weights = ModuleWeights(a.contiguous(), (b * scale).contiguous(), bias, replaced)
+        if ours in modules and not _same(modules[ours], weights):
+            raise _fail(request, f"{sources[ours]} and {module} are one shared module in this engine (applied "
+                                 "at several layers, e.g. Zamba2's shared transformer) but have different adapter "
+                                 "weights; adapters that differ per application of a shared module are not supported")
+        modules[ours], sources[ours] = weights, module
         rank = max(rank, r)
     if not modules:
         raise _fail(request, "adapter_model.safetensors holds no LoRA weights")
     return Adapter(request, rank, modules)
+
+
+def _same(x: ModuleWeights, y: ModuleWeights) -> bool:
+    def equal(p: torch.Tensor | None, q: torch.Tensor | None) -> bool:
+        return (p is None and q is None) or (p is not None and q is not None and torch.equal(p, q))
+
+    return all(equal(getattr(x, f), getattr(y, f)) for f in ("a", "b", "bias", "replaced_bias"))
 
 
 def _our_module(request: LoRARequest, checkpoint_name: Any, layers: dict[str, Any], module: str) -> str:
@@ -156,6 +169,9 @@ def _our_module(request: LoRARequest, checkpoint_name: Any, layers: dict[str, An
     ours = target.removesuffix(".weight") if target else None
     if ours not in layers:
         hint = ("expert projections are not supported" if ".experts." in module
+                else "transformers' Mamba-1 mixers read dt_proj's weight directly, so PEFT's adapter on it has no "
+                     "effect there; it is not supported" if module.endswith("mamba.dt_proj") or
+                module.endswith("mixer.dt_proj")
                 else "this model has no linear the engine can adapt by that name")
         raise _fail(request, f"target module {module}: {hint}")
     return ours

@@ -19,6 +19,8 @@ from runtime.distributed import state
 from runtime.layers.parallel import Part, ReducingLinear, Shard
 from runtime.lora.adapter import ModuleWeights
 
+# Not Mamba-1's dt_proj (DtProjection): transformers' Mamba and Jamba read its weight directly, so an adapter
+# on it changes nothing under PEFT; the engine refuses it rather than disagree (adapter.py).
 LINEAR_TYPES = ("Linear", "PackedLinear", "QuantLinear", "ReducingLinear")
 
 

@@ -1,0 +1,73 @@
+"""Tiny checkpoints of every engine architecture and random PEFT adapters for them, made with `peft` itself.
+
+PEFT initialises lora_B to zeros (an adapter that changes nothing); these draw A and B at random, so that an
+adapter applied to the wrong linear, scaled wrongly or not at all changes the tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from tiny_models import CONFIGS, DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model, build_model
+
+# One tiny checkpoint per engine architecture (tests/tiny_models.py) and the declaration it proves.
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM", "granite": "GraniteForCausalLM", "mamba2": "Mamba2ForCausalLM",
+    "bamba": "BambaForCausalLM", "granitemoehybrid": "GraniteMoeHybridForCausalLM", "jamba": "JambaForCausalLM",
+    "mamba": "MambaForCausalLM", "falcon_h1": "FalconH1ForCausalLM", "nemotron_h": "NemotronHForCausalLM",
+    "zamba2": "Zamba2ForCausalLM", "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM",
+    "falcon_mamba": "FalconMambaForCausalLM", "qwen3_next": "Qwen3NextForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
+}
+
+
+def build_checkpoint(name: str, directory: Path, tokenizer_dir: Path):
+    """The HF model of `name`, saved (with the tokenizer) into `directory`."""
+    if name in CONFIGS:
+        return build_model(name, directory, tokenizer_dir)
+    if name in FAMILY_CONFIGS:
+        return build_family_model(name, directory, tokenizer_dir)
+    assert name in DELTANET_CONFIGS, name
+    return build_deltanet_model(name, directory, tokenizer_dir)
+
+
+# PEFT refuses these on the Mamba model types it lists (HF's fused Mamba kernels read out_proj's weight).
+# dt_proj: transformers' Mamba-1 mixers read its weight directly (PEFT's adapter is a no-op there; we refuse it).
+PEFT_MAMBA_REFUSED = ("out_proj", "dt_proj")
+PEFT_MAMBA_TYPES = ("mamba", "mamba2", "falcon_h1", "nemotron_h", "falcon_mamba", "jamba")
+
+
+# The tiny Zamba2 applies shared block 0 at layers 1 and 4: HF holds a copy per layer, and PEFT gives each copy
+# its own adapter, which one shared module cannot hold (the engine refuses that, tests/lora/test_lora_errors.py).
+# Block 1 is applied at layer 3 alone.
+ZAMBA2_SHARED_TWICE = ("model.layers.1.shared_transformer.", "model.layers.4.shared_transformer.")
+
+
+def linear_names(hf) -> list[str]:
+    """Every nn.Linear an adapter may target (not the LM head, not experts; not out_proj where PEFT refuses it)."""
+    refused = PEFT_MAMBA_REFUSED if hf.config.model_type in PEFT_MAMBA_TYPES else ()
+    return [name for name, module in hf.named_modules()
+            if isinstance(module, torch.nn.Linear) and name != "lm_head" and ".experts." not in name
+            and not name.endswith(refused) and not name.startswith(ZAMBA2_SHARED_TWICE)]
+
+
+def targets(names: list[str]) -> str:
+    """PEFT's target_modules as one regex of exact module names (a bare suffix such as "0" matches too much)."""
+    return "(" + "|".join(re.escape(name) for name in names) + ")"
+
+
+def make_adapter(hf, directory: Path, seed: int, **options):
+    """A PEFT LoRA adapter of `hf` with random A and B, saved into `directory`; returns the PEFT model (eval)."""
+    config = LoraConfig(init_lora_weights=False, **options)
+    model = get_peft_model(copy.deepcopy(hf), config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(directory)
+    return model.eval()
