@@ -47,12 +47,20 @@ PEFT_MAMBA_TYPES = ("mamba", "mamba2", "falcon_h1", "nemotron_h", "falcon_mamba"
 ZAMBA2_SHARED_TWICE = ("model.layers.1.shared_transformer.", "model.layers.4.shared_transformer.")
 
 
+# On these model types PEFT turns targets named like MLP projections into fused-expert parameter targets
+# (transformers' MoE weight conversion), which it cannot combine with lora_bias and the engine refuses.
+PEFT_MOE_RENAMED = ("gate", "gate_proj", "up_proj", "down_proj")
+PEFT_MOE_TYPES = ("qwen3_next",)
+
+
 def linear_names(hf) -> list[str]:
     """Every nn.Linear an adapter may target (not the LM head, not experts; not out_proj where PEFT refuses it)."""
-    refused = PEFT_MAMBA_REFUSED if hf.config.model_type in PEFT_MAMBA_TYPES else ()
+    model_type = hf.config.model_type
+    refused = PEFT_MAMBA_REFUSED if model_type in PEFT_MAMBA_TYPES else ()
+    refused += PEFT_MOE_RENAMED if model_type in PEFT_MOE_TYPES else ()
     return [name for name, module in hf.named_modules()
             if isinstance(module, torch.nn.Linear) and name != "lm_head" and ".experts." not in name
-            and not name.endswith(refused) and not name.startswith(ZAMBA2_SHARED_TWICE)]
+            and name.rsplit(".", 1)[-1] not in refused and not name.startswith(ZAMBA2_SHARED_TWICE)]
 
 
 def targets(names: list[str]) -> str:
@@ -62,12 +70,12 @@ def targets(names: list[str]) -> str:
 
 def make_adapter(hf, directory: Path, seed: int, **options):
     """A PEFT LoRA adapter of `hf` with random A and B, saved into `directory`; returns the PEFT model (eval)."""
-    config = LoraConfig(init_lora_weights=False, **options)
+    config = LoraConfig(init_lora_weights=False, target_parameters=[], **options)
     model = get_peft_model(copy.deepcopy(hf), config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_" in name:
-                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+                param.copy_(0.15 * torch.randn(param.shape, generator=generator))
     model.save_pretrained(directory)
     return model.eval()
