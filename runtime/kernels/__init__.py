@@ -103,6 +103,8 @@ NATIVE = {
     "rotary": cpu_native.rotary_native,
     "paged_attention": cpu_native.paged_attention_native,
     "store_kv": cpu_native.store_kv_native,
+    "lora_shrink": cpu_native.lora_shrink_native,
+    "lora_expand": cpu_native.lora_expand_native,
 }
 
 backend = "torch"  # the references, until an engine binds
