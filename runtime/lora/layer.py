@@ -25,13 +25,12 @@ LINEAR_TYPES = ("Linear", "PackedLinear", "QuantLinear", "ReducingLinear")
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Module, num_slots: int, max_rank: int, shard: Shard | None,
-                 bias_shard: Shard | None):
+    def __init__(self, base: nn.Module, num_slots: int, max_rank: int, shard: Shard | None):
         super().__init__()
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         self.full_out, self.full_in = shard.full_shape if shard is not None else (self.out_features, self.in_features)
-        self.shard, self.bias_shard = shard, bias_shard
+        self.shard = shard  # how the base weight is cut from the checkpoint's (None: whole)
         self.reduces = isinstance(base, ReducingLinear)  # its all-reduce is inside: the shrink is summed here
         device = _device(base)
         f32 = dict(dtype=torch.float32, device=device)
@@ -84,12 +83,13 @@ class LoRALinear(nn.Module):
             self.lora_bias[slot].add_(self._cut_bias(weights.replaced_bias) - base)
 
     def _cut_bias(self, bias: torch.Tensor) -> torch.Tensor:
-        shard = self.bias_shard
-        if shard is None:
+        """This rank's part of an output bias: cut like the output features of a column-parallel linear; whole
+        on rank 0 alone after a row-parallel one (the all-reduce adds it once)."""
+        if self.shard is None:
             return bias
-        if shard.rank0_only:
+        if self.shard.dim == 1:
             return bias if state.rank() == 0 else torch.zeros_like(bias)
-        return shard.take(bias, state.rank(), state.world_size())
+        return _cut(self.shard, bias, 0)
 
     def slot_bytes(self) -> int:
         return (self.lora_a[0].nbytes + self.lora_b[0].nbytes + self.lora_bias[0].nbytes)
@@ -117,7 +117,7 @@ def wrap_linears(model: nn.Module, num_slots: int, max_rank: int) -> dict[str, L
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        layer = LoRALinear(module, num_slots, max_rank, shards.get(name + ".weight"), shards.get(name + ".bias"))
+        layer = LoRALinear(module, num_slots, max_rank, shards.get(name + ".weight"))
         setattr(parent, child, layer)
         wrapped[name] = layer
     return wrapped

@@ -75,7 +75,8 @@ def make_adapter(hf, directory: Path, seed: int, **options):
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "lora_" in name:
+            # lora_A, lora_B (and its bias), and the base biases PEFT's `bias` option trains.
+            if "lora_" in name or (param.requires_grad and name.endswith(".bias")):
                 param.copy_(0.15 * torch.randn(param.shape, generator=generator))
     model.save_pretrained(directory)
     return model.eval()
