@@ -52,7 +52,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     await compile_grammar(state.engine.engine, params.structured_outputs, constrained_by)
     prompt = await render_prompt(state, body, plan.tools)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    handle = await state.engine.add(prompt, params, request_id, stream=body.stream)
+    handle = await state.engine.add(prompt, params, request_id, stream=body.stream,
+                                    lora_request=state.lora_for(body.model))
     if body.stream:
         return EventStream(guarded(_chunks(state, body, handle, params, plan), handle))
     output = await result_unless_disconnected(request, handle)

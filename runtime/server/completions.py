@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -33,7 +34,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             prompt = await state.tokenize.encode(prompt)
         prompts.append(prompt)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    handles = await _add(state, prompts, params, request_id, body.stream)
+    handles = await _add(state, prompts, params, request_id, body.stream, state.lora_for(body.model))
     if body.stream:
         return EventStream(guarded(_chunks(state, body, params, request_id, handles), handles))
     outputs = await results_unless_disconnected(request, handles)
@@ -53,13 +54,13 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
 
 
 async def _add(state: ServerState, prompts: list, params: SamplingParams, request_id: str,
-               stream: bool) -> list[RequestHandle]:
+               stream: bool, lora: Any = None) -> list[RequestHandle]:
     """One engine request per prompt; if one is refused, those already queued are aborted."""
     handles: list[RequestHandle] = []
     try:
         for i, prompt in enumerate(prompts):
             engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            handles.append(await state.engine.add(prompt, params, engine_id, stream=stream))
+            handles.append(await state.engine.add(prompt, params, engine_id, stream=stream, lora_request=lora))
     except BaseException:
         for handle in handles:
             handle.abort()
