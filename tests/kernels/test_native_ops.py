@@ -56,6 +56,10 @@ def valid_arguments(op: str) -> list:
         return [torch.randint(-127, 128, (6, 8), dtype=torch.int8), r(6, 1).abs(), 8, r(2, 8), r(6), torch.empty(2, 6)]
     if op == "int4_gemm":  # 6 features, K 40 in groups of 16 (the last partial), blocks of 16 values in 8 bytes
         return [torch.randint(0, 256, (6, 24), dtype=torch.uint8), r(6, 3).abs(), 16, r(2, 40), r(6), torch.empty(2, 6)]
+    if op == "lora_shrink":  # 3 rows, 2 adapters and the zero slot, rank 4, 8 inputs
+        return [r(3, 8), r(3, 4, 8), torch.tensor([0, 2, 1]), torch.empty(3, 4)]
+    if op == "lora_expand":  # 3 rows, rank 4, 6 outputs
+        return [r(3, 4), r(3, 6, 4), r(3, 6), torch.tensor([1, 2, 0]), r(3, 6)]
     raise AssertionError(op)
 
 
@@ -130,6 +134,8 @@ WRONG_SHAPES = [
     ("store_kv", "value", (3, 2, 9)), ("panel_gemm", "y", (3, 40)),
     ("int8_gemm", "qweight", (6, 9)), ("int8_gemm", "scales", (6, 2)), ("int8_gemm", "y", (2, 7)),
     ("int4_gemm", "qweight", (6, 20)), ("int4_gemm", "scales", (6, 2)), ("int4_gemm", "bias", (5,)),
+    ("lora_shrink", "lora_a", (3, 4, 9)), ("lora_shrink", "indices", (2,)), ("lora_shrink", "out", (3, 5)),
+    ("lora_expand", "lora_b", (3, 6, 5)), ("lora_expand", "lora_bias", (3, 7)), ("lora_expand", "y", (3, 7)),
 ]
 
 
