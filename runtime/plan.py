@@ -124,6 +124,10 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
             report["padding_pct"] = round(spec.padding_pct, 4)
     if config.enable_prefix_caching:
         report["prefix_cache"] = prefix_cache_report(config)
+    if config.enable_lora:
+        from runtime.lora.plan import lora_report  # imports torch, for shapes on the meta device
+
+        report["lora"] = lora_report(config)
     if memory is not None:
         report["fit"] = {"memory_bytes": memory, "max_model_len": max_model_len,
                          "pages_per_sequence": layout.pages_per_sequence(max_model_len),
@@ -210,6 +214,11 @@ def _format_pages(r: dict[str, Any]) -> list[str]:
                  f"{r['num_state_groups']} state; a page id spans {_bytes(r['bytes_per_page_id'])}")
     if r.get("prefix_cache"):
         lines.extend(_format_prefix_cache(r["prefix_cache"]))
+    if r.get("lora"):
+        lo = r["lora"]
+        lines.append(f"lora slots     {lo['max_loras']} + 1 zero slot of rank {lo['max_lora_rank']} on "
+                     f"{plural(lo['num_linears'], 'linear')}: {_bytes(lo['bytes_per_slot'])} per slot, "
+                     f"{_bytes(lo['total_bytes'])} in all (float32, per rank; outside the page pool)")
     if "fit" in r:
         f = r["fit"]
         lines.append(f"fit            {_bytes(f['memory_bytes'])} holds {plural(f['num_page_ids'], 'page id')}; "
