@@ -14,25 +14,15 @@ import torch
 from peft import LoraConfig, get_peft_model
 from tiny_models import CONFIGS, DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model, build_model
 
-# One tiny checkpoint per engine architecture (tests/tiny_models.py) and the declaration it proves.
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "granite": "GraniteForCausalLM", "mamba2": "Mamba2ForCausalLM",
-    "bamba": "BambaForCausalLM", "granitemoehybrid": "GraniteMoeHybridForCausalLM", "jamba": "JambaForCausalLM",
-    "mamba": "MambaForCausalLM", "falcon_h1": "FalconH1ForCausalLM", "nemotron_h": "NemotronHForCausalLM",
-    "zamba2": "Zamba2ForCausalLM", "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM",
-    "falcon_mamba": "FalconMambaForCausalLM", "qwen3_next": "Qwen3NextForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM",
-    "qwen3_5_moe": "Qwen3_5MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
-}
 
-
-def build_checkpoint(name: str, directory: Path, tokenizer_dir: Path):
+def build_checkpoint(name: str, directory: Path, tokenizer_dir: Path, **overrides):
     """The HF model of `name`, saved (with the tokenizer) into `directory`."""
     if name in CONFIGS:
-        return build_model(name, directory, tokenizer_dir)
+        return build_model(name, directory, tokenizer_dir, **overrides)
     if name in FAMILY_CONFIGS:
-        return build_family_model(name, directory, tokenizer_dir)
+        return build_family_model(name, directory, tokenizer_dir, **overrides)
     assert name in DELTANET_CONFIGS, name
-    return build_deltanet_model(name, directory, tokenizer_dir)
+    return build_deltanet_model(name, directory, tokenizer_dir, **overrides)
 
 
 # PEFT refuses these on the Mamba model types it lists (HF's fused Mamba kernels read out_proj's weight).

@@ -48,7 +48,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
                                    prompt_logprobs=_prompt_logprobs(body, output)))
             num_generated += 0 if body.echo_only else len(completion.token_ids)
     usage = Usage.of(sum(len(o.prompt_token_ids) for o in outputs), num_generated)
-    response = CompletionResponse(id=request_id, created=int(time.time()), model=state.model_name, choices=choices,
+    response = CompletionResponse(id=request_id, created=int(time.time()), model=body.model, choices=choices,
                                   usage=usage)
     return Response(response.model_dump_json(), media_type="application/json")
 
@@ -144,10 +144,10 @@ async def _chunks(state: ServerState, body: CompletionRequest, params: SamplingP
             if choice.logprobs is not None:
                 stream.text_offset += sum(len(token) for token in choice.logprobs.tokens)
             stream.finished = done
-            yield sse(CompletionResponse(id=request_id, created=created, model=state.model_name, choices=[choice]))
+            yield sse(CompletionResponse(id=request_id, created=created, model=body.model, choices=[choice]))
     if body.include_usage:
         outputs = [last[i] for i in sorted(last)]
         generated = 0 if body.echo_only else sum(len(c.token_ids) for o in outputs for c in o.outputs)
         usage = Usage.of(sum(len(o.prompt_token_ids) for o in outputs), generated)
-        yield sse(CompletionResponse(id=request_id, created=created, model=state.model_name, choices=[],
+        yield sse(CompletionResponse(id=request_id, created=created, model=body.model, choices=[],
                                      usage=usage))

@@ -4,7 +4,7 @@ and greedy tokens at TP=2 equal TP=1 and HF transformers + peft, for base and ad
 
 import pytest
 from lora_helpers import build_checkpoint, linear_names, make_adapter, targets
-from tiny_models import CONFIGS, build_model, hf_greedy
+from tiny_models import hf_greedy
 
 from runtime import LLM, LoRARequest, SamplingParams
 from runtime.distributed import group
@@ -39,8 +39,7 @@ def run(directory, tp, loras):
 @pytest.mark.parametrize("name, overrides, options", CASES, ids=[case[0] for case in CASES])
 def test_tp2_with_an_adapter_equals_tp1_and_peft(name, overrides, options, tmp_path_factory, tokenizer_dir):
     directory = tmp_path_factory.mktemp(name)
-    build = build_model if name in CONFIGS else build_checkpoint
-    hf = build(name, directory, tokenizer_dir, **overrides)
+    hf = build_checkpoint(name, directory, tokenizer_dir, **overrides)
     path = tmp_path_factory.mktemp(f"{name}-adapter")
     peft = make_adapter(hf, path, seed=3, r=8, lora_alpha=8, target_modules=targets(linear_names(hf)), **options)
     lora = LoRARequest("adapter", 1, str(path))

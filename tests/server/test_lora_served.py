@@ -60,6 +60,7 @@ def client_of(server) -> openai.OpenAI:
 def complete(client, model):
     response = client.completions.create(model=model, prompt=PROMPT, max_tokens=TOKENS, temperature=0,
                                          extra_body={"ignore_eos": True})
+    assert response.model == model  # the adapter's name, as vLLM answers
     return response.choices[0].text
 
 
