@@ -137,6 +137,15 @@ class EngineConfig:
         '"prompt_lookup_min": 1, "prompt_lookup_max": 5}\': prompt lookup proposes tokens that one step verifies; '
         "greedy output is unchanged (see docs/features/speculative_decoding.md)", type=str, metavar="JSON",
         plan=True))
+    # LoRA adapters (vLLM's spellings): the slots are allocated when the engine starts.
+    enable_lora: bool = field(default=False, metadata=option(
+        "serve LoRA adapters (PEFT's format) per request; see docs/features/lora.md", plan=True))
+    max_loras: int = field(default=1, metadata=option(
+        "adapters one step may use at most: the slots on the device", metavar="N", plan=True))
+    max_lora_rank: int = field(default=16, metadata=option(
+        "largest adapter rank accepted; every slot is this wide", metavar="R", plan=True))
+    max_cpu_loras: int | None = field(default=None, metadata=option(
+        "adapters kept checked in CPU memory (default: max_loras); others are read again from disk", metavar="N"))
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
@@ -169,7 +178,8 @@ class EngineConfig:
 
     def _check_positive(self) -> None:
         for name in ("tensor_parallel_size", "block_size", "max_model_len", "max_num_seqs",
-                     "max_num_batched_tokens", "kv_cache_memory", "num_pages", "threads"):
+                     "max_num_batched_tokens", "kv_cache_memory", "num_pages", "threads", "max_loras",
+                     "max_lora_rank", "max_cpu_loras"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{spell(name)} must be a positive integer, got {value!r}")

@@ -27,6 +27,9 @@ class ForwardContext:
     decode_state_indices: tuple[torch.Tensor, ...]  # per state group: (num_decodes,) int64 page ids
     prefill_state_indices: tuple[torch.Tensor, ...]  # per state group: (num_prefills,) int64 page ids
     generated_split: GeneratedSplit | None = None
+    # With LoRA: (T,) int64, each token row's adapter slot (the pool's zero slot for the base model);
+    # None when no row of the step has an adapter.
+    lora_indices: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,11 @@ def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
         yield ctx
     finally:
         _current = None
+
+
+def current_lora_indices() -> torch.Tensor | None:
+    """The step's LoRA slot per token row, or None (no adapter in the step, or outside a step)."""
+    return None if _current is None else _current.lora_indices
 
 
 def get_forward_context() -> ForwardContext:

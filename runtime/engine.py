@@ -19,6 +19,7 @@ import torch
 from runtime import kernels
 from runtime.cache.manager import CacheManager
 from runtime.cache.prefix import PrefixCache, prefix_block_size
+from runtime.lora.request import LoRARequest
 from runtime.config import EngineConfig
 from runtime.distributed.runner import TensorParallelRunner
 from runtime.loader import load_tokenizer
@@ -65,6 +66,8 @@ def check_capabilities(config: EngineConfig) -> None:
         require(caps.feature(Feature.TENSOR_PARALLEL), "tensor parallelism")
     if config.speculative is not None:
         require(caps.feature(Feature.SPECULATIVE_DECODING), f"speculative decoding ({spell('speculative_config')})")
+    if config.enable_lora:
+        require(caps.feature(Feature.LORA), "LoRA adapters")
     if config.enable_chunked_prefill:
         require(caps.feature(Feature.CHUNKED_PREFILL), f"chunked prefill (pass {spell('enable_chunked_prefill', False)})")
 
@@ -138,7 +141,7 @@ class Engine:
         self.cache = CacheManager(config.cache, self.runner.num_pages, prefix=make_prefix_cache(config))
         self.max_model_len = self._fit_max_model_len()
         limits = SchedulerLimits(config.max_num_seqs, config.derived_max_num_batched_tokens,
-                                 config.enable_chunked_prefill)
+                                 config.enable_chunked_prefill, config.max_loras if config.enable_lora else 0)
         if not config.enable_chunked_prefill and limits.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"{spell('max_num_batched_tokens', limits.max_num_batched_tokens)} is smaller than "
@@ -218,22 +221,41 @@ class Engine:
                 self.grammars.compile(params.structured_outputs)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
-                    stream: bool = False) -> str:
-        """Queue a request. With `stream`, every step that advances it returns an output, not only the last."""
+                    stream: bool = False, lora_request: LoRARequest | None = None) -> str:
+        """Queue a request. With `stream`, every step that advances it returns an output, not only the last;
+        with `lora_request`, the request runs through that LoRA adapter (checked and loaded now)."""
         text, token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
+        self.add_lora(lora_request)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._seqs or request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if params.n == 1:
-            self._add_seq(Sequence(request_id, token_ids, params, prompt=text, stream=stream))
+            self._add_seq(Sequence(request_id, token_ids, params, prompt=text, stream=stream,
+                                   lora_request=lora_request))
             return request_id
         children = [Sequence(child_id(request_id, i), token_ids, child_params(params, i), prompt=text, stream=stream,
-                             parent_id=request_id, index=i) for i in range(params.n)]
+                             parent_id=request_id, index=i, lora_request=lora_request) for i in range(params.n)]
         self._parents[request_id] = ParentRequest(request_id, children)
         for seq in children:
             self._add_seq(seq)
         return request_id
+
+    def add_lora(self, lora_request: LoRARequest | None) -> None:
+        """Read and check an adapter now (a ValueError naming it if it does not fit); None: nothing to do."""
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        if self.runner.lora is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r}: the engine was started without LoRA; "
+                             f"pass {spell('enable_lora', True)}")
+        self.runner.lora.add(lora_request)
+
+    def remove_lora(self, lora_id: int) -> None:
+        """Forget an adapter's checked copy and free its slot (requests still using it read it again)."""
+        if self.runner.lora is not None:
+            self.runner.lora.remove(lora_id)
 
     def _add_seq(self, seq: Sequence) -> None:
         params = seq.params

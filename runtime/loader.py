@@ -139,6 +139,7 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1):
         model = cls(config.dims)
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
+    model.weight_shards = shards  # LoRA slots are cut like the weights they adapt (runtime/lora/layer.py)
     allocate_parameters(model, device)
     model.tie_weights()
     load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp)

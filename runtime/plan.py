@@ -126,6 +126,10 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
         report["prefix_cache"] = prefix_cache_report(config)
     if config.speculative is not None:
         report["speculative"] = speculative_report(config)
+    if config.enable_lora:
+        from runtime.lora.plan import lora_report  # imports torch, for shapes on the meta device
+
+        report["lora"] = lora_report(config)
     if memory is not None:
         # A sequence that verifies drafts also holds its state checkpoints while the step runs.
         spare = report.get("speculative", {}).get("checkpoint_page_ids_per_sequence", 0)
@@ -229,6 +233,11 @@ def _format_pages(r: dict[str, Any]) -> list[str]:
         lines.extend(_format_prefix_cache(r["prefix_cache"]))
     if r.get("speculative"):
         lines.extend(_format_speculative(r["speculative"]))
+    if r.get("lora"):
+        lo = r["lora"]
+        lines.append(f"lora slots     {lo['max_loras']} + 1 zero slot of rank {lo['max_lora_rank']} on "
+                     f"{plural(lo['num_linears'], 'linear')}: {_bytes(lo['bytes_per_slot'])} per slot, "
+                     f"{_bytes(lo['total_bytes'])} in all (float32, per rank; outside the page pool)")
     if "fit" in r:
         f = r["fit"]
         lines.append(f"fit            {_bytes(f['memory_bytes'])} holds {plural(f['num_page_ids'], 'page id')}; "

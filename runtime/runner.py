@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,7 @@ from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefi
 from runtime.layers.linear import pack_linears
 from runtime.layers.quantized import quantize_linears, weight_bytes
 from runtime.loader import build_model
+from runtime.lora.manager import LoRAManager
 from runtime.options import plural, spell
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
@@ -47,6 +48,12 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"device {name!r}: no CUDA device is available here; use {spell('device', 'cpu')} "
                          "(or auto)")
     return torch.device(name)
+
+
+def make_lora_manager(model: torch.nn.Module, config: EngineConfig) -> LoRAManager | None:
+    if not config.enable_lora:
+        return None
+    return LoRAManager(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras or config.max_loras)
 
 
 @dataclass
@@ -87,6 +94,7 @@ class ModelRunner:
                         weight_bytes(self.model) / 2**20)
         if self.device.type == "cpu" and self.kernel_backend == "torch":
             pack_linears(self.model)
+        self.lora = make_lora_manager(self.model, config)  # after packing: the slots wrap the packed linears
         self.num_pages = self._num_pages()
         self._check_checkpoint_room()
         self.pool = allocate_pool(self.layout, self.num_pages, self.device)
@@ -187,8 +195,10 @@ class ModelRunner:
             decode_idx = tuple(p[:num_decodes] for p in pages)
             prefill_idx = tuple(p[num_decodes:] for p in pages)
         split = self._generated_split(plan) if mamba_prefill is not None and plan.num_generated else None
+        lora_indices = self.lora.indices(plan.loras, counts, device) if self.lora is not None and plan.loras else None
         return ForwardContext(num_decodes, len(plan.input_ids) - num_decodes, attention, block_tables,
-                              slot_mappings, mamba_prefill, decode_idx, prefill_idx, split)
+                              slot_mappings, mamba_prefill, decode_idx, prefill_idx, generated_split=split,
+                              lora_indices=lora_indices)
 
     def _generated_split(self, plan: StepPlan) -> GeneratedSplit:
         counts, starts, first = plan.counts, plan.starts, len(plan.counts) - plan.num_generated
@@ -230,6 +240,7 @@ class StepPlan:
     # SamplingParams.prompt_logprobs asks for.
     prompt_rows: list[tuple[int, int, int]]
     num_generated: int = 0  # the last prefill sequences, whose chunks hold generated tokens only
+    loras: list = field(default_factory=list)  # per sequence: its LoRARequest or None (empty: no adapter at all)
 
 
 def plan_step(batch: Batch, num_attention_groups: int,
@@ -259,8 +270,9 @@ def plan_step(batch: Batch, num_attention_groups: int,
             sample_seqs.append(seq)
     block_tables = [[list(seq.block_tables[g]) for seq in seqs] for g in range(num_attention_groups)]
     state_pages = [[seq.state_pages[g] for seq in seqs] for g in range(num_state_groups)]
+    loras = [seq.lora_request for seq in seqs] if any(seq.lora_request for seq in seqs) else []
     plan = StepPlan(input_ids, positions, logits_indices, counts, starts, num_decodes, block_tables, state_pages,
-                    prompt_rows, num_generated)
+                    prompt_rows, num_generated, loras)
     return plan, sample_seqs, prompt_seqs
 
 

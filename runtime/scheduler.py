@@ -23,6 +23,7 @@ class SchedulerLimits:
     max_num_seqs: int
     max_num_batched_tokens: int
     enable_chunked_prefill: bool = True
+    max_loras: int = 0  # distinct LoRA adapters among the running sequences at most (0: no LoRA)
 
 
 @dataclass
@@ -109,7 +110,7 @@ class Scheduler:
             seq = self.waiting[0]
             hit = self.cache.lookup(seq)
             n = self._chunk(seq, budget, hit.num_tokens)
-            if n == 0 or not self.cache.can_admit(seq, hit, n):
+            if n == 0 or not self.cache.can_admit(seq, hit, n) or not self._lora_fits(seq):
                 break
             self.waiting.popleft()
             self.cache.admit(seq, hit, n)
@@ -118,6 +119,13 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+
+    def _lora_fits(self, seq: Sequence) -> bool:
+        """Admitting `seq` keeps the running adapters within the slots (it waits for one to finish otherwise)."""
+        if seq.lora_request is None:
+            return True
+        running = {s.lora_request.lora_int_id for s in self.running if s.lora_request is not None}
+        return seq.lora_request.lora_int_id in running or len(running) < self.limits.max_loras
 
     def preempt(self, seq: Sequence) -> None:
         """Free every page of `seq`; it starts again from its first token when rescheduled."""

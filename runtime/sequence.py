@@ -58,6 +58,8 @@ class Sequence:
     spec_counters: Any = None  # runtime.spec_decode.verify.SpecCounters, once the request verified drafts
     # (steps left without proposals, the next such pause): drafts that keep failing pause (Speculator.settle).
     spec_backoff: tuple[int, int] = (0, 0)
+    # The request's LoRARequest, or None for the base model.
+    lora_request: Any = None
 
     @property
     def token_ids(self) -> list[int]:

@@ -28,6 +28,7 @@ from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
 from runtime.kernels.paged_attention import paged_attention_bf16_prefill, paged_attention_ref
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
 from runtime.kernels.rotary import rotary_ref
+from runtime.kernels.lora import lora_expand_ref, lora_shrink_ref
 from runtime.kernels.silu_and_mul import silu_and_mul_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
@@ -52,7 +53,7 @@ SMALL_GEMM_MAX_ROWS = 48
 # The operators that write into their arguments and return nothing: their fake implementation does nothing.
 MUTATING_OPS = ("ssm_state_update", "conv_update", "ssm_scan", "conv_fn", "rms_norm", "rotary", "gemv",
                 "small_gemm", "panel_gemm", "amx_gemm", "quant_gemm", "quant_dequantize", "decode_attention",
-                "silu_and_mul", "store_kv")
+                "silu_and_mul", "store_kv", "lora_shrink", "lora_expand")
 
 
 def available() -> bool:
@@ -374,3 +375,22 @@ def paged_attention_native(
                             block_table.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous(),
                             scale, result)
     return out.copy_(result)
+
+
+def lora_shrink_native(x: Tensor, lora_a: Tensor, indices: Tensor) -> Tensor:
+    """lora_shrink_ref over the rows, skipping the base model's (the pool's last, zero slot)."""
+    if x.dtype not in NATIVE_DTYPES:
+        return lora_shrink_ref(x, lora_a, indices)
+    if x.dtype != torch.float32 or x.stride(-1) != 1:
+        x = x.float().contiguous()  # the kernel reads float32 rows (a bfloat16 x is widened, as the reference does)
+    out = torch.empty(x.shape[0], lora_a.shape[1], dtype=torch.float32)
+    _ops().lora_shrink(x, lora_a, indices, out)
+    return out
+
+
+def lora_expand_native(s: Tensor, lora_b: Tensor, lora_bias: Tensor, indices: Tensor, y: Tensor) -> None:
+    """lora_expand_ref in place, skipping the base model's rows; y's rows may be strided (a view)."""
+    if y.dtype not in NATIVE_DTYPES or y.stride(-1) != 1:
+        lora_expand_ref(s, lora_b, lora_bias, indices, y)
+        return
+    _ops().lora_expand(s, lora_b, lora_bias, indices, y)

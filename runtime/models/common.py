@@ -29,3 +29,14 @@ def capabilities(engine: Support = NOT_ON_ENGINE, **overrides: Support) -> Capab
     for name, support in overrides.items():
         features[Feature[name.upper()]] = support
     return Capabilities(engine=engine, features=features)
+
+
+# What LoRA leaves out where a family has it (runtime/lora/adapter.py refuses such adapters by module name).
+LORA_NO_EXPERTS = supported("Routed experts' projections are refused by name; attention, Mamba, MLP and shared-expert "
+                            "linears are adapted.")
+LORA_NO_DT_PROJ = supported("`dt_proj` is refused: transformers' Mamba-1 mixers read its weight directly, so a PEFT "
+                            "adapter on it has no effect there.")
+LORA_NO_EXPERTS_DT_PROJ = supported("Routed experts' projections and `dt_proj` (read directly by transformers' Mamba-1 "
+                                    "mixer) are refused by name.")
+LORA_ZAMBA2 = supported("The shared transformer blocks are one module per block here: an adapter whose weights differ "
+                        "between the layers that apply one block is refused.")

@@ -561,6 +561,56 @@ int64_t panel_gemm_dtypes() { return tandem_panel_gemm_dtypes(); }
 
 bool amx_ready() { return tandem_amx_ready() != 0; }
 
+// Batched LoRA (lora.c). The pools are float32 (S, R, in), (S, out, R), (S, out); the last slot is the zero slot
+// the base model's rows point at, and the kernels skip those rows.
+void lora_indices(const Args &args, const Tensor &indices, int64_t rows, int64_t slots) {
+  args.tensor("indices", indices, {ScalarType::Long}, 1);
+  args.shape("indices", indices, {rows});
+  args.contiguous("indices", indices);
+  args.slots("indices", indices, slots);
+  const int64_t *values = indices.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows; i++)
+    TANDEM_REQUIRE(args, values[i] >= 0, "indices", "holds -1 at " + std::to_string(i) + "; the zero slot is the last");
+}
+
+void lora_shrink(const Tensor &x, const Tensor &lora_a, const Tensor &indices, const Tensor &out) {
+  const Args args("lora_shrink");
+  args.tensor("x", x, {ScalarType::Float}, 2);
+  args.contiguous_from("x", x, 1);
+  args.tensor("lora_a", lora_a, {ScalarType::Float}, 3);
+  args.contiguous("lora_a", lora_a);
+  args.shape("lora_a", lora_a, {lora_a.size(0), lora_a.size(1), x.size(1)});
+  lora_indices(args, indices, x.size(0), lora_a.size(0));
+  args.tensor("out", out, {ScalarType::Float}, 2);
+  args.shape("out", out, {x.size(0), lora_a.size(1)});
+  args.contiguous("out", out);
+  tandem_lora_shrink(x.data_ptr<float>(), x.stride(0), lora_a.data_ptr<float>(), indices.data_ptr<int64_t>(),
+                     lora_a.size(0) - 1, args.count("x", x.size(0)), args.count("lora_a", lora_a.size(1)),
+                     args.count("x", x.size(1)), out.data_ptr<float>(), threads());
+}
+
+void lora_expand(const Tensor &s, const Tensor &lora_b, const Tensor &lora_bias, const Tensor &indices,
+                 const Tensor &y) {
+  const Args args("lora_expand");
+  args.tensor("s", s, {ScalarType::Float}, 2);
+  args.contiguous("s", s);
+  args.tensor("lora_b", lora_b, {ScalarType::Float}, 3);
+  args.contiguous("lora_b", lora_b);
+  args.shape("lora_b", lora_b, {lora_b.size(0), lora_b.size(1), s.size(1)});
+  args.tensor("lora_bias", lora_bias, {ScalarType::Float}, 2);
+  args.shape("lora_bias", lora_bias, {lora_b.size(0), lora_b.size(1)});
+  args.contiguous("lora_bias", lora_bias);
+  lora_indices(args, indices, s.size(0), lora_b.size(0));
+  args.tensor("y", y, kNative, 2);
+  args.shape("y", y, {s.size(0), lora_b.size(1)});
+  args.contiguous_from("y", y, 1);
+  tandem_lora_expand(s.data_ptr<float>(), lora_b.data_ptr<float>(), lora_bias.data_ptr<float>(),
+                     indices.data_ptr<int64_t>(), lora_b.size(0) - 1, args.count("s", s.size(0)),
+                     args.count("s", s.size(1)), args.count("lora_b", lora_b.size(1)), y.data_ptr(), bf16(y),
+                     y.stride(0), threads());
+}
+
+
 }  // namespace
 
 TORCH_LIBRARY(tandem, m) {
@@ -588,6 +638,8 @@ TORCH_LIBRARY(tandem, m) {
   // What this build runs, for the launchers' choices: no tensors, so one kernel for every dispatch key.
   m.def("panel_gemm_dtypes() -> int", &panel_gemm_dtypes);
   m.def("amx_ready() -> bool", &amx_ready);
+  m.def("lora_shrink(Tensor x, Tensor lora_a, Tensor indices, Tensor(a!) out) -> ()");
+  m.def("lora_expand(Tensor s, Tensor lora_b, Tensor lora_bias, Tensor indices, Tensor(a!) y) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tandem, CPU, m) {
@@ -606,4 +658,6 @@ TORCH_LIBRARY_IMPL(tandem, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("store_kv", &store_kv);
+  m.impl("lora_shrink", &lora_shrink);
+  m.impl("lora_expand", &lora_expand);
 }

@@ -70,7 +70,7 @@ class BambaForCausalLM(ModelDeclaration):
     example_models = ("ibm-ai-platform/Bamba-9B", "ibm-ai-platform/Bamba-9B-v2")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA2})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.bamba.model:BambaForCausalLM"
     defaults = MAMBA2_HYBRID_DEFAULTS
 

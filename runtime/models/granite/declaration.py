@@ -13,7 +13,7 @@ class GraniteForCausalLM(LlamaForCausalLM):
     model_name = "Granite"
     example_models = ("ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct")
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.llama.model:GraniteForCausalLM"
 
     @classmethod

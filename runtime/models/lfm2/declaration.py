@@ -60,7 +60,7 @@ class Lfm2ForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.SHORT_CONV})
     state_name = "short-conv state"
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.lfm2.model:Lfm2ForCausalLM"
     defaults = LFM2_DEFAULTS
 

@@ -28,7 +28,7 @@ class LlamaForCausalLM(ModelDeclaration):
     example_models = ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B-Instruct")
     layer_kinds = frozenset({LayerKind.ATTENTION})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.llama.model:LlamaForCausalLM"
     defaults = {"num_attention_heads": 32, "num_hidden_layers": 32, "hidden_size": 4096}
 

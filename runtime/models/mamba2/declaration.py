@@ -43,7 +43,7 @@ class Mamba2ForCausalLM(ModelDeclaration):
     example_models = ("state-spaces/mamba2-130m", "state-spaces/mamba2-2.7b", "mistralai/Mamba-Codestral-7B-v0.1")
     layer_kinds = frozenset({LayerKind.MAMBA2})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
-                                tensor_parallel=supported())
+                                tensor_parallel=supported(), lora=supported())
     implementation = "runtime.models.mamba2.model:Mamba2ForCausalLM"
     defaults = {
         "hidden_size": 4096,
