@@ -35,6 +35,7 @@ FEATURE_LABELS = {
     Feature.TENSOR_PARALLEL: "TP",
     Feature.PIPELINE_PARALLEL: "PP",
     Feature.LORA: "LoRA",
+    Feature.SPECULATIVE_DECODING: "Spec decode",
 }
 assert set(FEATURE_LABELS) == set(Feature), "every feature needs a label"
 # The supported-models table shows these features, in this order (vLLM's columns plus ours).
@@ -44,6 +45,7 @@ MODEL_TABLE_FEATURES = (
     Feature.TENSOR_PARALLEL,
     Feature.PIPELINE_PARALLEL,
     Feature.LORA,
+    Feature.SPECULATIVE_DECODING,
 )
 
 

@@ -19,11 +19,12 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "StructuredOutputsParams"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "StructuredOutputsParams",
+           "LoRARequest"]
 
 _LOCATIONS = {"LLM": "runtime.llm", "SamplingParams": "runtime.sampling_params", "RequestOutput": "runtime.outputs",
               "CompletionOutput": "runtime.outputs", "Logprob": "runtime.outputs",
-              "StructuredOutputsParams": "runtime.structured_outputs"}
+              "StructuredOutputsParams": "runtime.structured_outputs", "LoRARequest": "runtime.lora.request"}
 
 
 def __getattr__(name: str):

@@ -6,6 +6,7 @@ Nothing reads a block size from anywhere but `EngineConfig.cache`.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -20,6 +21,7 @@ from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_
 from runtime.models import resolve
 from runtime.models.interface import LayerKind, ModelDeclaration
 from runtime.options import option, parse_size, spell
+from runtime.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 logger = logging.getLogger("tandem")
 
@@ -135,9 +137,26 @@ class EngineConfig:
     max_logprobs: int = field(default=20, metadata=option(
         "top log-probabilities per token a request may ask for at most", metavar="N"))
 
+    # vLLM's spelling; a dict becomes its JSON text at construction, as the command line gives it.
+    speculative_config: dict[str, Any] | str | None = field(default=None, metadata=option(
+        'speculative decoding as vLLM\'s JSON object, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 1, "prompt_lookup_max": 5}\': prompt lookup proposes tokens that one step verifies; '
+        "greedy output is unchanged (see docs/features/speculative_decoding.md)", type=str, metavar="JSON",
+        plan=True))
+    # LoRA adapters (vLLM's spellings): the slots are allocated when the engine starts.
+    enable_lora: bool = field(default=False, metadata=option(
+        "serve LoRA adapters (PEFT's format) per request; see docs/features/lora.md", plan=True))
+    max_loras: int = field(default=1, metadata=option(
+        "adapters one step may use at most: the slots on the device", metavar="N", plan=True))
+    max_lora_rank: int = field(default=16, metadata=option(
+        "largest adapter rank accepted; every slot is this wide", metavar="R", plan=True))
+    max_cpu_loras: int | None = field(default=None, metadata=option(
+        "adapters kept checked in CPU memory (default: max_loras); others are read again from disk", metavar="N"))
+
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
     cache: CacheLayout = field(init=False, repr=False)
+    speculative: SpeculativeConfig | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_cache_memory, str):
@@ -157,10 +176,16 @@ class EngineConfig:
         object.__setattr__(self, "hf_config", declaration.read_config(raw))
         self._check_max_model_len()
         object.__setattr__(self, "cache", self._resolve_cache())
+        speculative = parse_speculative_config(self.speculative_config, spell("speculative_config"),
+                                               self.derived_max_model_len)
+        object.__setattr__(self, "speculative", speculative)
+        if isinstance(self.speculative_config, dict):
+            object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config, sort_keys=True))
 
     def _check_positive(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len", "max_num_seqs",
-                     "max_num_batched_tokens", "kv_cache_memory", "num_pages", "threads"):
+                     "max_num_batched_tokens", "kv_cache_memory", "num_pages", "threads", "max_loras",
+                     "max_lora_rank", "max_cpu_loras"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{spell(name)} must be a positive integer, got {value!r}")

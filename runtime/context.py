@@ -26,6 +26,22 @@ class ForwardContext:
     mamba_prefill: MambaPrefillMetadata | None
     decode_state_indices: tuple[torch.Tensor, ...]  # per state group: (num_decodes,) int64 page ids
     prefill_state_indices: tuple[torch.Tensor, ...]  # per state group: (num_prefills,) int64 page ids
+    generated_split: GeneratedSplit | None = None
+    # With LoRA: (T,) int64, each token row's adapter slot (the pool's zero slot for the base model);
+    # None when no row of the step has an adapter.
+    lora_indices: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedSplit:
+    """The prefill sequences whose chunk holds generated tokens only (a verify step's drafts, or their replay)
+    come last; a Mamba-2 mixer whose scan and decode step treat dt differently (Nemotron-H, Zamba2: the scan
+    clamps it, decode does not) scans them apart, as decode, so that they compute what decoding would."""
+
+    num_prompt_seqs: int
+    num_prompt_tokens: int
+    prompt: MambaPrefillMetadata | None  # None when every prefill sequence is a generated one
+    generated: MambaPrefillMetadata
 
 
 _current: ForwardContext | None = None
@@ -40,6 +56,11 @@ def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
         yield ctx
     finally:
         _current = None
+
+
+def current_lora_indices() -> torch.Tensor | None:
+    """The step's LoRA slot per token row, or None (no adapter in the step, or outside a step)."""
+    return None if _current is None else _current.lora_indices
 
 
 def get_forward_context() -> ForwardContext:

@@ -54,7 +54,7 @@ class NotCapturable(Exception):
 class DecodeGraph:
     """One captured decode step of `batch_size` sequences, with the input tensors it reads."""
 
-    def __init__(self, runner: Any, batch_size: int):
+    def __init__(self, runner: Any, batch_size: int, lora: bool = False):
         self.batch_size = batch_size
         layout, device = runner.layout, runner.device
         long = dict(dtype=torch.long, device=device)
@@ -73,8 +73,12 @@ class DecodeGraph:
             starts = torch.arange(batch_size + 1, dtype=torch.int32, device=device)
             attention = AttentionMetadata(batch_size, starts, self.seq_lens, max_query_len=1,
                                           max_seq_len=max_len)
+        # A step with LoRA adapters reads each row's slot; the slots' contents change in place as adapters swap.
+        self.lora_indices = torch.zeros(batch_size, **long) if lora else None
+        self.lora = runner.lora if lora else None
         self.context = ForwardContext(batch_size, 0, attention, self.block_tables, self.slot_mappings, None,
-                                      self.state_pages, tuple(p[batch_size:] for p in self.state_pages))
+                                      self.state_pages, tuple(p[batch_size:] for p in self.state_pages),
+                                      lora_indices=self.lora_indices)
         self.program: list[Callable[[], None]] = []
         self.logits: torch.Tensor | None = None
         self.pool: torch.Tensor | None = None  # the page pool the program reads and writes
@@ -96,12 +100,14 @@ class DecodeGraph:
                                           for row, p in zip(tables, plan.positions)]))
         for pages, group in zip(self.state_pages, plan.state_pages):
             pages.copy_(torch.tensor(group))
+        if self.lora is not None:
+            self.lora_indices.copy_(self.lora.indices(plan.loras, plan.counts, self.lora_indices.device))
 
     def capture(self, model: torch.nn.Module, pool: torch.Tensor) -> tuple[torch.Tensor, str | None]:
         """Run the step (filled first) while recording it; returns its logits, and why a replay could not
         repeat it (None when it can: the graph is ready). The step itself is right either way."""
         marked = [self.input_ids, self.positions, *self.block_tables, *self.slot_mappings, self.seq_lens,
-                  *self.state_pages, pool]
+                  *self.state_pages, pool, *([self.lora_indices] if self.lora is not None else [])]
         recorder = _Recorder(self.program, self._held, marked)
         with forward_context(self.context), recorder, recorder.watching_python():
             hidden = model(self.input_ids, self.positions)
@@ -129,24 +135,28 @@ class DecodeGraphs:
         self.disabled = False
 
     def run(self, plan: Any) -> torch.Tensor | None:
-        decode_only = plan.num_decodes == len(plan.counts) and not plan.prompt_rows
+        # A graph returns every row's logits: a one-token step that samples nothing (a chunk cut one token
+        # before the sequence's end, as after a rejected draft) runs eagerly.
+        decode_only = (plan.num_decodes == len(plan.counts) and not plan.prompt_rows
+                       and len(plan.logits_indices) == len(plan.counts))
         if self.disabled or not decode_only:
             return None
         if any(graph.pool is not self.runner.pool for graph in self.graphs.values()):
             self.graphs.clear()  # recorded against a pool the runner no longer has
         size = len(plan.counts)
-        graph = self.graphs.get(size)
+        key = ("lora", size) if plan.loras else size  # a step with adapters is a graph of its own
+        graph = self.graphs.get(key)
         if graph is not None and not graph.fits(plan):
             return None
         block_size = self.runner.layout.block_size
         if graph is not None:
-            self.graphs.move_to_end(size)
+            self.graphs.move_to_end(key)
             graph.fill(plan, block_size)
             return graph.replay()
-        if size not in self.seen:
-            self.seen.add(size)
+        if key not in self.seen:
+            self.seen.add(key)
             return None
-        graph = DecodeGraph(self.runner, size)
+        graph = DecodeGraph(self.runner, size, lora=bool(plan.loras))
         if not graph.fits(plan):
             return None
         graph.fill(plan, block_size)
@@ -155,7 +165,7 @@ class DecodeGraphs:
             logger.info("decode steps run eagerly: %s", failure)
             self.disabled = True
             return logits
-        self.graphs[size] = graph
+        self.graphs[key] = graph
         if len(self.graphs) > MAX_GRAPHS:
             self.graphs.popitem(last=False)
         return logits

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import logging
@@ -18,6 +19,7 @@ import torch
 from runtime import kernels
 from runtime.cache.manager import CacheManager
 from runtime.cache.prefix import PrefixCache, prefix_block_size
+from runtime.lora.request import LoRARequest
 from runtime.config import EngineConfig
 from runtime.distributed.runner import TensorParallelRunner
 from runtime.loader import load_tokenizer
@@ -28,8 +30,10 @@ from runtime.parallel import ParentRequest, child_id, child_params
 from runtime.runner import ModelRunner, PromptLogits
 from runtime.sampler import Sampler, SamplerOutput, top_logprobs
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler, SchedulerLimits
+from runtime.scheduler import Batch, Scheduler, SchedulerLimits
 from runtime.sequence import Sequence
+from runtime.spec_decode.rows import sample_verify_rows
+from runtime.spec_decode.speculator import Speculator
 from runtime.stats import (
     BATCH_BUCKETS,
     E2E_BUCKETS,
@@ -60,8 +64,18 @@ def check_capabilities(config: EngineConfig) -> None:
         require(caps.feature(Feature.PREFIX_CACHING), "prefix caching")
     if config.tensor_parallel_size > 1:
         require(caps.feature(Feature.TENSOR_PARALLEL), "tensor parallelism")
+    if config.speculative is not None:
+        require(caps.feature(Feature.SPECULATIVE_DECODING), f"speculative decoding ({spell('speculative_config')})")
+    if config.enable_lora:
+        require(caps.feature(Feature.LORA), "LoRA adapters")
     if config.pipeline_parallel_size > 1:
         require(caps.feature(Feature.PIPELINE_PARALLEL), "pipeline parallelism")
+        # Not run through the stages yet (their steps and adapters are not sent to the other stages).
+        for unsupported, name in ((config.speculative is not None, "speculative_config"),
+                                  (config.enable_lora, "enable_lora")):
+            if unsupported:
+                raise ValueError(f"{spell('pipeline_parallel_size', config.pipeline_parallel_size)} does not run "
+                                 f"with {spell(name)} yet; drop one of them")
     if config.enable_chunked_prefill:
         require(caps.feature(Feature.CHUNKED_PREFILL), f"chunked prefill (pass {spell('enable_chunked_prefill', False)})")
 
@@ -135,7 +149,7 @@ class Engine:
         self.cache = CacheManager(config.cache, self.runner.num_pages, prefix=make_prefix_cache(config))
         self.max_model_len = self._fit_max_model_len()
         limits = SchedulerLimits(config.max_num_seqs, config.derived_max_num_batched_tokens,
-                                 config.enable_chunked_prefill)
+                                 config.enable_chunked_prefill, config.max_loras if config.enable_lora else 0)
         if not config.enable_chunked_prefill and limits.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"{spell('max_num_batched_tokens', limits.max_num_batched_tokens)} is smaller than "
@@ -152,6 +166,8 @@ class Engine:
         self._generators: dict[str, torch.Generator | None] = {}
         self._timings: dict[str, Timing] = {}
         self.counters = EngineCounters()
+        spec = config.speculative
+        self.speculator = None if spec is None else Speculator(spec, config.cache.num_state_groups, self.max_model_len)
 
     def _fit_max_model_len(self) -> int:
         layout, wanted = self.config.cache, self.config.derived_max_model_len
@@ -213,22 +229,41 @@ class Engine:
                 self.grammars.compile(params.structured_outputs)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
-                    stream: bool = False) -> str:
-        """Queue a request. With `stream`, every step that advances it returns an output, not only the last."""
+                    stream: bool = False, lora_request: LoRARequest | None = None) -> str:
+        """Queue a request. With `stream`, every step that advances it returns an output, not only the last;
+        with `lora_request`, the request runs through that LoRA adapter (checked and loaded now)."""
         text, token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
+        self.add_lora(lora_request)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._seqs or request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if params.n == 1:
-            self._add_seq(Sequence(request_id, token_ids, params, prompt=text, stream=stream))
+            self._add_seq(Sequence(request_id, token_ids, params, prompt=text, stream=stream,
+                                   lora_request=lora_request))
             return request_id
         children = [Sequence(child_id(request_id, i), token_ids, child_params(params, i), prompt=text, stream=stream,
-                             parent_id=request_id, index=i) for i in range(params.n)]
+                             parent_id=request_id, index=i, lora_request=lora_request) for i in range(params.n)]
         self._parents[request_id] = ParentRequest(request_id, children)
         for seq in children:
             self._add_seq(seq)
         return request_id
+
+    def add_lora(self, lora_request: LoRARequest | None) -> None:
+        """Read and check an adapter now (a ValueError naming it if it does not fit); None: nothing to do."""
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        if self.runner.lora is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r}: the engine was started without LoRA; "
+                             f"pass {spell('enable_lora', True)}")
+        self.runner.lora.add(lora_request)
+
+    def remove_lora(self, lora_id: int) -> None:
+        """Forget an adapter's checked copy and free its slot (requests still using it read it again)."""
+        if self.runner.lora is not None:
+            self.runner.lora.remove(lora_id)
 
     def _add_seq(self, seq: Sequence) -> None:
         params = seq.params
@@ -268,27 +303,47 @@ class Engine:
         reason "error"; the others in the step go on as if it had not been there. An error in the
         forward pass raises: the batch ran as one, so no single request can be blamed.
         """
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         assert batch or not self.has_unfinished(), "the scheduler made no progress"
         if not batch:
             return []
         self._copy_pages()  # cached snapshots into the states of sequences that resume from them
+        if self.speculator is not None:
+            self.cache.copies.extend(self.speculator.checkpoint(batch, self.cache))
+            self._copy_pages()  # drafted sequences' states, in case a draft is rejected
         self.counters.batch_size.observe(len(batch.seqs))
         seqs, logits, prompt_logits = self.runner.run(batch)
+        verified = self._verify(batch, seqs, logits)
         self.scheduler.update(batch)
-        self._copy_pages()  # states snapshotted at block boundaries, before they move on
+        self._copy_pages()  # rejected drafts' states restored; states snapshotted at block boundaries
+        if self.speculator is not None:
+            self.speculator.release(batch, self.cache)
         for chunk in prompt_logits:
             self._add_prompt_logprobs(chunk)
         if not seqs:
             return []
-        sampled = self._sample(seqs, logits)
+        sampled = verified if verified is not None else [[row] for row in self._sample(seqs, logits)]
         now = time.monotonic()
         outputs = []
-        for seq, row in zip(seqs, sampled):
-            output = self._postprocess(seq, row, now)
+        for seq, rows in zip(seqs, sampled):
+            output = self._postprocess(seq, rows, now)
             if output is not None:
                 outputs.append(output)
+        if self.speculator is not None:
+            self.speculator.advance(seqs)
         return outputs
+
+    def _verify(self, batch: Batch, seqs: list[Sequence], logits: torch.Tensor) -> list[list] | None:
+        """With drafts in the step: per sequence, the rows it keeps (runtime/spec_decode/verify.py)."""
+        if self.speculator is None or not any(seq.spec_token_ids for seq in seqs):
+            return None
+        rows = sample_verify_rows(self, seqs, logits)
+        tokens = [None if isinstance(r, Exception) else [row[0] for row in r] for r in rows]
+        keep, restores = self.speculator.settle(batch, seqs, tokens)
+        self.cache.copies.extend(restores)  # before any snapshot the update queues
+        return [[r] if isinstance(r, Exception) else r[:k] for r, k in zip(rows, keep)]
 
     def _copy_pages(self) -> None:
         copies = self.cache.take_copies()
@@ -346,13 +401,17 @@ class Engine:
             logprob.decoded_token = self.tokenizer.decode([token])
         return top
 
-    def _postprocess(self, seq: Sequence, row: tuple | Exception, now: float) -> RequestOutput | None:
-        """Append the sampled token and check the stops; an error here ends this request alone."""
+    def _postprocess(self, seq: Sequence, rows: list[tuple | Exception], now: float) -> RequestOutput | None:
+        """Append the sampled tokens (several when drafts were accepted) and check the stops after each; an
+        error here ends this request alone."""
         try:
-            if isinstance(row, Exception):
-                raise row
-            self._append(seq, *row)
-            self._observe_token(seq, now)
+            for row in rows:
+                if isinstance(row, Exception):
+                    raise row
+                self._append(seq, *row)
+                self._observe_token(seq, now)
+                if seq.is_finished:
+                    break
             output = self._emit(seq)
         except Exception as err:
             # One line per failed request, however many fail; the traceback only when debugging.
@@ -440,7 +499,7 @@ class Engine:
                              finished=seq.is_finished, num_preemptions=seq.num_preemptions,
                              num_cached_tokens=seq.num_cached_tokens,
                              prompt_logprobs=list(seq.prompt_logprobs) if seq.params.prompt_logprobs is not None
-                             else None)
+                             else None, spec_decode=copy.deepcopy(seq.spec_counters))
 
     def _completion(self, seq: Sequence) -> CompletionOutput:
         text = seq.text if seq.text is not None else self.decode(seq)
@@ -495,6 +554,7 @@ class Engine:
             batch_size=counters.batch_size.snapshot(),
             prefix_cache_queries=self.cache.num_queried_tokens,
             prefix_cache_hits=self.cache.num_hit_tokens,
+            spec_decode=copy.deepcopy(self.speculator.counters) if self.speculator is not None else None,
         )
 
     @property

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from runtime.config import DEFAULT_MODEL, EngineConfig
 from runtime.engine import Engine, Prompt
+from runtime.lora.request import LoRARequest
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams, generation_defaults
 
@@ -72,9 +73,11 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in prompt order."""
-        ids = self._submit(prompts, sampling_params, stream=False)
+        """Generate for every prompt; outputs come back in prompt order. `lora_request`: one LoRA adapter for
+        every prompt, or one (or None) per prompt (with enable_lora=True; docs/features/lora.md)."""
+        ids = self._submit(prompts, sampling_params, stream=False, lora_request=lora_request)
         return self._run(ids, use_tqdm)
 
     def stream(
@@ -94,8 +97,9 @@ class LLM:
             for request_id in ids:
                 self.engine.abort(request_id)
 
-    def _submit(self, prompts, sampling_params, stream: bool) -> list[str]:
+    def _submit(self, prompts, sampling_params, stream: bool, lora_request=None) -> list[str]:
         prompts = _prompt_list(prompts)
+        loras = _lora_list(lora_request, len(prompts))
         params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else _params_list(params)
         if len(params) != len(prompts):
@@ -106,7 +110,10 @@ class LLM:
             text, token_ids = self.engine.tokenize(prompt)
             self.engine.validate(token_ids, p)
             tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
-        return [self.engine.add_request(prompt, p, stream=stream) for prompt, p in zip(tokenized, params)]
+        for lora in loras:
+            self.engine.add_lora(lora)
+        return [self.engine.add_request(prompt, p, stream=stream, lora_request=lora)
+                for prompt, p, lora in zip(tokenized, params, loras)]
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
@@ -135,6 +142,16 @@ def _prompt_list(prompts: Any) -> list[Prompt]:
         return list(prompts)
     raise ValueError("prompts must be a string, a {\"prompt_token_ids\": [...]} dict, or a list of them, "
                      f"got {_shown(prompts)}")
+
+
+def _lora_list(lora_request: Any, count: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * count
+    if isinstance(lora_request, (list, tuple)) and all(r is None or isinstance(r, LoRARequest) for r in lora_request):
+        if len(lora_request) != count:
+            raise ValueError(f"got {count} prompts but {len(lora_request)} LoRA requests")
+        return list(lora_request)
+    raise ValueError(f"lora_request must be a LoRARequest, a list of them (or None), got {_shown(lora_request)}")
 
 
 def _params_list(params: Any) -> list[SamplingParams]:

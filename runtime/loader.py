@@ -145,6 +145,7 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
 
         stage = cut_model(model, config)
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
+    model.weight_shards = shards  # LoRA slots are cut like the weights they adapt (runtime/lora/layer.py)
     allocate_parameters(model, device)
     model.tie_weights()
     names, elsewhere = (stage.checkpoint_names(model), stage.elsewhere(model)) if stage else (None, set())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime.spec_decode.verify import SpecCounters
+
 
 @dataclass
 class Logprob:
@@ -52,3 +54,5 @@ class RequestOutput:
     error: str | None = None
     # With SamplingParams.prompt_logprobs: one entry per prompt token, the first None (vLLM's field).
     prompt_logprobs: PromptLogprobs | None = None
+    # With speculative decoding: this request's drafts, draft tokens and accepted tokens (vLLM's counters).
+    spec_decode: SpecCounters | None = None

@@ -7,7 +7,7 @@ import itertools
 import json
 from typing import Any
 
-from runtime.cache.layout import CacheLayout
+from runtime.cache.layout import CacheLayout, cdiv
 from runtime.cache.prefix import prefix_block_size
 from runtime.cli import examples
 from runtime.config import EngineConfig
@@ -125,14 +125,35 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
             report["padding_pct"] = round(spec.padding_pct, 4)
     if config.enable_prefix_caching:
         report["prefix_cache"] = prefix_cache_report(config)
+    if config.speculative is not None:
+        report["speculative"] = speculative_report(config)
+    if config.enable_lora:
+        from runtime.lora.plan import lora_report  # imports torch, for shapes on the meta device
+
+        report["lora"] = lora_report(config)
     if config.pipeline_parallel_size > 1:
         report["stages"] = stages_report(config)
     if memory is not None:
+        # A sequence that verifies drafts also holds its state checkpoints while the step runs.
+        spare = report.get("speculative", {}).get("checkpoint_page_ids_per_sequence", 0)
+        per_sequence = layout.pages_per_sequence(max_model_len) + spare
         report["fit"] = {"memory_bytes": memory, "max_model_len": max_model_len,
-                         "pages_per_sequence": layout.pages_per_sequence(max_model_len),
+                         "pages_per_sequence": per_sequence,
                          "num_page_ids": memory // layout.bytes_per_page_id,
-                         "max_num_sequences": layout.max_num_sequences(memory, max_model_len)}
+                         "max_num_sequences": (memory // layout.bytes_per_page_id) // per_sequence}
     return report
+
+
+def speculative_report(config: EngineConfig) -> dict[str, Any]:
+    """What a verify step computes and which pages its rollback needs (docs/features/speculative_decoding.md)."""
+    spec, layout = config.speculative, config.cache
+    groups = layout.num_state_groups
+    return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "prompt_lookup_min": spec.prompt_lookup_min, "prompt_lookup_max": spec.prompt_lookup_max,
+            "verify_positions": spec.num_speculative_tokens + 1,
+            "checkpoint_page_ids_per_sequence": groups, "checkpoint_bytes_per_sequence": groups * layout.bytes_per_page_id,
+            "attention_blocks_per_verify": cdiv(spec.num_speculative_tokens + 1, layout.block_size)
+            if layout.block_size else 0}
 
 
 def stages_report(config: EngineConfig) -> list[dict[str, Any]]:
@@ -239,6 +260,13 @@ def _format_pages(r: dict[str, Any]) -> list[str]:
                  f"{r['num_state_groups']} state; a page id spans {_bytes(r['bytes_per_page_id'])}")
     if r.get("prefix_cache"):
         lines.extend(_format_prefix_cache(r["prefix_cache"]))
+    if r.get("speculative"):
+        lines.extend(_format_speculative(r["speculative"]))
+    if r.get("lora"):
+        lo = r["lora"]
+        lines.append(f"lora slots     {lo['max_loras']} + 1 zero slot of rank {lo['max_lora_rank']} on "
+                     f"{plural(lo['num_linears'], 'linear')}: {_bytes(lo['bytes_per_slot'])} per slot, "
+                     f"{_bytes(lo['total_bytes'])} in all (float32, per rank; outside the page pool)")
     if "fit" in r:
         f = r["fit"]
         lines.append(f"fit            {_bytes(f['memory_bytes'])} holds {plural(f['num_page_ids'], 'page id')}; "
@@ -254,4 +282,17 @@ def _format_prefix_cache(p: dict[str, Any]) -> list[str]:
                      "boundary: each state group's state, copied into")
         lines.append("               free pages where a prompt chunk ends on a block boundary; "
                      "evicted least recently used")
+    return lines
+
+
+def _format_speculative(p: dict[str, Any]) -> list[str]:
+    lines = [f"speculative    {p['method']}: {plural(p['num_speculative_tokens'], 'draft token')} per step "
+             f"(n-grams of {p['prompt_lookup_min']}-{p['prompt_lookup_max']}), verified as "
+             f"{p['verify_positions']} positions in one step"]
+    if p["checkpoint_page_ids_per_sequence"]:
+        lines.append(f"  checkpoint   {plural(p['checkpoint_page_ids_per_sequence'], 'page id')} = "
+                     f"{_bytes(p['checkpoint_bytes_per_sequence'])} per verifying sequence (one per state group), "
+                     "borrowed from free pages for the step: a rejected draft restores the state from it")
+    else:
+        lines.append("  checkpoint   none: attention alone, a rejected draft's KV is dropped by length")
     return lines

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,7 +11,7 @@ from runtime import kernels
 from runtime.cache.layout import CacheLayout
 from runtime.cache.pool import allocate_pool, bind_pool, default_cache_bytes
 from runtime.config import EngineConfig
-from runtime.context import ForwardContext, forward_context
+from runtime.context import ForwardContext, GeneratedSplit, forward_context
 from runtime.decode_graph import DecodeGraphs
 from runtime.distributed.pipeline import allocate_stage_pool, run_stage, stage_bytes_per_page_id
 from runtime.heap import keep_freed_memory
@@ -20,7 +20,8 @@ from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefi
 from runtime.layers.linear import pack_linears
 from runtime.layers.quantized import quantize_linears, weight_bytes
 from runtime.loader import build_model
-from runtime.options import spell
+from runtime.lora.manager import LoRAManager
+from runtime.options import plural, spell
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
 
@@ -29,6 +30,11 @@ logger = logging.getLogger("tandem")
 MAMBA1_CHUNK = 256
 # Compiling the CPU kernels takes seconds; it pays back only when each state update moves this much.
 COMPILE_MIN_STATE_BYTES = 256 * 1024
+
+
+def checkpoint_pages(config: EngineConfig) -> int:
+    """Page ids a sequence's verify step borrows for its state checkpoints: one per state group."""
+    return config.cache.num_state_groups if config.speculative is not None else 0
 
 
 def compile_pays(layout: CacheLayout) -> bool:
@@ -43,6 +49,12 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"device {name!r}: no CUDA device is available here; use {spell('device', 'cpu')} "
                          "(or auto)")
     return torch.device(name)
+
+
+def make_lora_manager(model: torch.nn.Module, config: EngineConfig) -> LoRAManager | None:
+    if not config.enable_lora:
+        return None
+    return LoRAManager(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras or config.max_loras)
 
 
 @dataclass
@@ -85,7 +97,9 @@ class ModelRunner:
                         weight_bytes(self.model) / 2**20)
         if self.device.type == "cpu" and self.kernel_backend == "torch":
             pack_linears(self.model)
+        self.lora = make_lora_manager(self.model, config)  # after packing: the slots wrap the packed linears
         self.num_pages = self._num_pages()
+        self._check_checkpoint_room()
         self.pool = self._allocate_pool(self.num_pages)
         # Mamba-1 has no chunked scan; its prefill metadata still wants a chunk length.
         self.chunk_size = config.declaration.mamba_chunk_size(config.hf_config) or MAMBA1_CHUNK
@@ -108,11 +122,22 @@ class ModelRunner:
         useful = self.config.max_num_seqs * self.layout.pages_per_sequence(self.config.derived_max_model_len)
         if self.config.enable_prefix_caching:
             useful *= 2
+        useful += self.config.max_num_seqs * checkpoint_pages(self.config)
         per_page = self.layout.bytes_per_page_id
         if self.stage_model is not None:  # a stage holds its own layers' part of each page id
             per_page = stage_bytes_per_page_id(self.layout, self.stage_model.stage.layers)
         by_memory = budget // per_page if per_page else useful
         return max(1, min(by_memory, useful))
+
+    def _check_checkpoint_room(self) -> None:
+        """Refuse, at start-up, a pool that cannot hold a sequence and the state checkpoints of its verify step."""
+        spare, needed = checkpoint_pages(self.config), self.layout.pages_per_sequence(1)
+        if spare and self.num_pages < needed + spare:
+            raise ValueError(
+                f"the page pool ({plural(self.num_pages, 'page')}) cannot hold a sequence ({plural(needed, 'page')} "
+                f"at least) and the state checkpoints speculative decoding takes while it verifies drafts "
+                f"({plural(spare, 'page')}, one per state group): raise {spell('kv_cache_memory')} or "
+                f"{spell('num_pages')}")
 
     def _allocate_pool(self, num_pages: int) -> torch.Tensor:
         if self.stage_model is not None:
@@ -190,8 +215,20 @@ class ModelRunner:
             pages = [torch.tensor(group, dtype=torch.long, device=device) for group in plan.state_pages]
             decode_idx = tuple(p[:num_decodes] for p in pages)
             prefill_idx = tuple(p[num_decodes:] for p in pages)
+        split = self._generated_split(plan) if mamba_prefill is not None and plan.num_generated else None
+        lora_indices = self.lora.indices(plan.loras, counts, device) if self.lora is not None and plan.loras else None
         return ForwardContext(num_decodes, len(plan.input_ids) - num_decodes, attention, block_tables,
-                              slot_mappings, mamba_prefill, decode_idx, prefill_idx)
+                              slot_mappings, mamba_prefill, decode_idx, prefill_idx, generated_split=split,
+                              lora_indices=lora_indices)
+
+    def _generated_split(self, plan: StepPlan) -> GeneratedSplit:
+        counts, starts, first = plan.counts, plan.starts, len(plan.counts) - plan.num_generated
+        prompt = None
+        if first > plan.num_decodes:
+            prompt = build_mamba_prefill_metadata(counts[plan.num_decodes:first], starts[plan.num_decodes:first],
+                                                  self.chunk_size, self.device)
+        generated = build_mamba_prefill_metadata(counts[first:], starts[first:], self.chunk_size, self.device)
+        return GeneratedSplit(first - plan.num_decodes, sum(counts[plan.num_decodes:first]), prompt, generated)
 
     def _block_table(self, tables: list[list[int]]) -> torch.Tensor:
         width = max(len(table) for table in tables)
@@ -223,17 +260,20 @@ class StepPlan:
     # (first position, first row in input_ids, count) of the prompt positions whose logits
     # SamplingParams.prompt_logprobs asks for.
     prompt_rows: list[tuple[int, int, int]]
+    num_generated: int = 0  # the last prefill sequences, whose chunks hold generated tokens only
+    loras: list = field(default_factory=list)  # per sequence: its LoRARequest or None (empty: no adapter at all)
 
 
 def plan_step(batch: Batch, num_attention_groups: int,
               num_state_groups: int) -> tuple[StepPlan, list[Sequence], list[Sequence]]:
     """The step's plan, the sequences whose next token it produces (in logits order), and the sequence
     of each of the plan's prompt rows."""
-    order = sorted(range(len(batch.seqs)), key=lambda i: not _is_decode(batch.seqs[i], batch.num_new_tokens[i]))
+    order = sorted(range(len(batch.seqs)), key=lambda i: _kind(batch.seqs[i], batch.num_new_tokens[i]))
     seqs = [batch.seqs[i] for i in order]
     counts = [batch.num_new_tokens[i] for i in order]
     starts = [seq.num_computed_tokens for seq in seqs]
     num_decodes = sum(_is_decode(seq, n) for seq, n in zip(seqs, counts))
+    num_generated = sum(_kind(seq, n) == GENERATED for seq, n in zip(seqs, counts))
     input_ids, positions, logits_indices, sample_seqs, prompt_rows, prompt_seqs = [], [], [], [], [], []
     for seq, start, n in zip(seqs, starts, counts):
         # Positions before the prompt's last one each predict a prompt token.
@@ -241,26 +281,40 @@ def plan_step(batch: Batch, num_attention_groups: int,
         if seq.params.prompt_logprobs is not None and num_prompt > 0:
             prompt_rows.append((start, len(input_ids), num_prompt))
             prompt_seqs.append(seq)
-        input_ids.extend(seq.token_ids[start : start + n])
+        # A chunk that runs past the sequence's tokens verifies its drafts (speculative decoding): the
+        # last token and each draft get a row of logits, in order.
+        num_drafts = max(0, start + n - seq.num_tokens)
+        input_ids.extend(seq.token_ids[start : start + n - num_drafts] + seq.spec_token_ids[:num_drafts])
         positions.extend(range(start, start + n))
-        if start + n == seq.num_tokens:
-            logits_indices.append(len(input_ids) - 1)
+        if start + n >= seq.num_tokens:
+            logits_indices.extend(range(len(input_ids) - 1 - num_drafts, len(input_ids)))
             sample_seqs.append(seq)
     block_tables = [[list(seq.block_tables[g]) for seq in seqs] for g in range(num_attention_groups)]
     state_pages = [[seq.state_pages[g] for seq in seqs] for g in range(num_state_groups)]
+    loras = [seq.lora_request for seq in seqs] if any(seq.lora_request for seq in seqs) else []
     plan = StepPlan(input_ids, positions, logits_indices, counts, starts, num_decodes, block_tables, state_pages,
-                    prompt_rows)
+                    prompt_rows, num_generated, loras)
     return plan, sample_seqs, prompt_seqs
 
 
 def split_logits(logits: torch.Tensor, plan: StepPlan, sample_seqs: list[Sequence],
                  prompt_seqs: list[Sequence]) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
     """`execute_plan`'s logits as the sampled sequences' rows and each prompt chunk's."""
-    num_sampled = len(sample_seqs)
+    num_sampled = len(plan.logits_indices)  # one row per sequence, and one per draft
     chunks = logits[num_sampled:].split([n for *_, n in plan.prompt_rows])
     prompt_logits = [PromptLogits(seq, start, chunk)
                      for seq, (start, _, _), chunk in zip(prompt_seqs, plan.prompt_rows, chunks)]
     return sample_seqs, logits[:num_sampled], prompt_logits
+
+
+DECODE, PROMPT, GENERATED = range(3)
+
+
+def _kind(seq: Sequence, num_new_tokens: int) -> int:
+    """Decodes first, then prompt chunks, then chunks of generated tokens only (speculative verifies)."""
+    if _is_decode(seq, num_new_tokens):
+        return DECODE
+    return GENERATED if seq.num_computed_tokens >= len(seq.prompt_token_ids) else PROMPT
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:

@@ -23,6 +23,7 @@ class SchedulerLimits:
     max_num_seqs: int
     max_num_batched_tokens: int
     enable_chunked_prefill: bool = True
+    max_loras: int = 0  # distinct LoRA adapters among the running sequences at most (0: no LoRA)
 
 
 @dataclass
@@ -64,9 +65,16 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int, start: int) -> int:
         """New tokens for `seq` from `start` this step, or 0 if it must wait for a larger budget."""
-        n = min(seq.num_tokens - start, budget)
+        # A running sequence's drafts (speculative decoding) are verified in the same chunk as its last token.
+        end = seq.num_tokens + len(seq.spec_token_ids)
+        n = min(end - start, budget)
         if n < seq.num_tokens - start and not self.limits.enable_chunked_prefill:
             return 0
+        prompt_end = len(seq.prompt_token_ids)
+        if self.limits.enable_chunked_prefill and seq.output_token_ids and start < prompt_end < start + n:
+            # A recomputed sequence's generated tokens get a chunk of their own, computed as decoding computed
+            # them (runtime.context.GeneratedSplit: some scans treat dt otherwise than decode does).
+            n = prompt_end - start
         prefix = self.cache.prefix
         if prefix is not None and self.limits.enable_chunked_prefill:
             n = prefix.chunk_end(seq, start, start + n) - start
@@ -77,6 +85,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._chunk(seq, budget, seq.num_computed_tokens)
+            if seq.spec_token_ids and not self.cache.can_allocate(seq, n):
+                seq.spec_token_ids = []  # drafts never preempt anyone
+                n = self._chunk(seq, budget, seq.num_computed_tokens)
             if n == 0:
                 i += 1
                 continue
@@ -99,7 +110,7 @@ class Scheduler:
             seq = self.waiting[0]
             hit = self.cache.lookup(seq)
             n = self._chunk(seq, budget, hit.num_tokens)
-            if n == 0 or not self.cache.can_admit(seq, hit, n):
+            if n == 0 or not self.cache.can_admit(seq, hit, n) or not self._lora_fits(seq):
                 break
             self.waiting.popleft()
             self.cache.admit(seq, hit, n)
@@ -109,11 +120,19 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             budget -= n
 
+    def _lora_fits(self, seq: Sequence) -> bool:
+        """Admitting `seq` keeps the running adapters within the slots (it waits for one to finish otherwise)."""
+        if seq.lora_request is None:
+            return True
+        running = {s.lora_request.lora_int_id for s in self.running if s.lora_request is not None}
+        return seq.lora_request.lora_int_id in running or len(running) < self.limits.max_loras
+
     def preempt(self, seq: Sequence) -> None:
         """Free every page of `seq`; it starts again from its first token when rescheduled."""
         self.running.remove(seq)
         self.cache.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)

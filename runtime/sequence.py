@@ -51,6 +51,15 @@ class Sequence:
     text: str | None = None
     # With params.structured_outputs: the GrammarState that says which tokens may come next.
     grammar: Any = None
+    # Speculative decoding: the tokens proposed for this step (not yet part of token_ids), and the pages
+    # that hold its state as it was before the step verified them (runtime/spec_decode/speculator.py).
+    spec_token_ids: list[int] = field(default_factory=list)
+    checkpoint_pages: list[int] = field(default_factory=list)
+    spec_counters: Any = None  # runtime.spec_decode.verify.SpecCounters, once the request verified drafts
+    # (steps left without proposals, the next such pause): drafts that keep failing pause (Speculator.settle).
+    spec_backoff: tuple[int, int] = (0, 0)
+    # The request's LoRARequest, or None for the base model.
+    lora_request: Any = None
 
     @property
     def token_ids(self) -> list[int]:

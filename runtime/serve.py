@@ -45,6 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tool-call-parser", default=None, metavar="NAME",
                         help="how to find tool calls in the model's text for tool_choice \"auto\": hermes, qwen3, "
                              "granite or llama3_json")
+    parser.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                        help="LoRA adapters (PEFT directories) to serve from the start, each under the name requests "
+                             "give as `model`; needs --enable-lora (more load at run time: POST /v1/load_lora_adapter)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds that in-flight requests get to finish on SIGINT or SIGTERM (default 10)")
     add_engine_arguments(parser)
@@ -121,6 +124,10 @@ def check_server_options(args: argparse.Namespace) -> None:
         from runtime.server.tool_parsers import get_parser
 
         get_parser(args.tool_call_parser)
+    from runtime.server.lora import parse_lora_modules
+
+    if parse_lora_modules(args.lora_modules) and not getattr(args, "enable_lora", False):
+        raise ValueError("--lora-modules needs --enable-lora")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, qwen3, granite or "
                          "llama3_json) to find the calls in the model's text")
@@ -165,6 +172,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_lora_modules(state, specs: list[str] | None) -> None:
+    """The adapters of --lora-modules, checked and loaded before the server listens (ValueError: exit 2)."""
+    from runtime.lora.request import LoRARequest
+    from runtime.server.lora import parse_lora_modules
+
+    for name, path in parse_lora_modules(specs):
+        if name == state.model_name or name in state.loras:
+            raise ValueError(f"--lora-modules: the name {name!r} is given twice (or is the served model's)")
+        lora = LoRARequest(name, state.next_lora_id(), path)
+        state.engine.engine.add_lora(lora)
+        state.loras[name] = lora
+
+
 def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str, limits, key: str | None):
     # Imported here: the server needs torch and FastAPI, and `tandem plan` needs neither.
     from runtime.server import memory
@@ -201,5 +221,6 @@ def build_server(config: EngineConfig, args: argparse.Namespace, model_name: str
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
     )
+    load_lora_modules(state, args.lora_modules)
     return GracefulServer(build_app(state, enable_openapi=args.enable_openapi), args.host, args.port,
                           args.shutdown_timeout, log_level="info" if args.verbose else "warning")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import Any
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -69,6 +70,8 @@ class EngineStats:
     # Prompt tokens looked up in the prefix cache, and found there (vLLM's counters, in tokens).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Speculative decoding's totals (runtime.spec_decode.verify.SpecCounters); None when it is off.
+    spec_decode: Any = None
 
     @property
     def kv_cache_usage(self) -> float:

@@ -131,6 +131,14 @@ class CacheManager:
         for page in pages:
             self._release(page)
 
+    def borrow(self, n: int) -> list[int] | None:
+        """`n` free pages for the length of one step (speculative decoding's state checkpoints), or None."""
+        return self._take(n) if n <= len(self._free) else None
+
+    def give_back(self, pages: list[int]) -> None:
+        for page in pages:
+            self._release(page)
+
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.copies = self.copies, []
         return copies

@@ -39,6 +39,15 @@ def hash_block(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
 
 
+def root_hash(seq: Sequence) -> bytes:
+    """The chain's start: the base model's, or one per LoRA adapter id, so that two adapters (or an adapter
+    and the base model) never share a cached block or state snapshot."""
+    lora = seq.lora_request
+    if lora is None:
+        return ROOT_HASH
+    return hashlib.sha256(ROOT_HASH + repr((lora.lora_int_id, lora.lora_path)).encode()).digest()
+
+
 def prefix_block_size(layout: CacheLayout, chunk_size: int | None, alignment: int) -> int:
     """Tokens per cached block: the attention block, or for a model without attention the
     Mamba chunk size rounded to the alignment (Mamba-1 has no chunk: a state exists after any token)."""
@@ -80,7 +89,7 @@ class PrefixCache:
             return names  # the usual case in a decode step; token_ids would copy the whole sequence
         tokens = seq.token_ids
         for j in range(len(names), len(tokens) // size):
-            names.append(hash_block(names[-1] if names else ROOT_HASH, tokens[j * size : (j + 1) * size]))
+            names.append(hash_block(names[-1] if names else root_hash(seq), tokens[j * size : (j + 1) * size]))
         return names
 
     def is_cached(self, page: int) -> bool:

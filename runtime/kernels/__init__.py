@@ -41,6 +41,7 @@ from runtime.kernels.gated_delta_rule import (
     gated_delta_rule_update_triton,
 )
 from runtime.kernels.kv_cache import store_kv_ref, store_kv_triton
+from runtime.kernels.lora import lora_expand_ref, lora_expand_triton, lora_shrink_ref, lora_shrink_triton
 from runtime.kernels.metadata import (
     AttentionMetadata,
     MambaPrefillMetadata,
@@ -87,6 +88,8 @@ IMPLEMENTATIONS = {
     "short_conv_update": (short_conv_update_ref, short_conv_update_triton),
     "gated_delta_rule_fn": (gated_delta_rule_fn_ref, gated_delta_rule_fn_triton),
     "gated_delta_rule_update": (gated_delta_rule_update_ref, gated_delta_rule_update_triton),
+    "lora_shrink": (lora_shrink_ref, lora_shrink_triton),
+    "lora_expand": (lora_expand_ref, lora_expand_triton),
 }
 
 # CPU fast paths, with the references' signatures, used in their place where the library builds.
@@ -100,6 +103,8 @@ NATIVE = {
     "rotary": cpu_native.rotary_native,
     "paged_attention": cpu_native.paged_attention_native,
     "store_kv": cpu_native.store_kv_native,
+    "lora_shrink": cpu_native.lora_shrink_native,
+    "lora_expand": cpu_native.lora_expand_native,
 }
 
 backend = "torch"  # the references, until an engine binds
@@ -120,6 +125,8 @@ short_conv_fn = short_conv_fn_ref
 short_conv_update = short_conv_update_ref
 gated_delta_rule_fn = gated_delta_rule_fn_ref
 gated_delta_rule_update = gated_delta_rule_update_ref
+lora_shrink = lora_shrink_ref
+lora_expand = lora_expand_ref
 
 
 def resolve_backend(requested: str, device: torch.device) -> str:

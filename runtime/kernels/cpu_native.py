@@ -28,6 +28,7 @@ from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
 from runtime.kernels.paged_attention import paged_attention_bf16_prefill, paged_attention_ref
 from runtime.kernels.rms_norm_gated import rms_norm_gated_ref
 from runtime.kernels.rotary import rotary_ref
+from runtime.kernels.lora import lora_expand_ref, lora_shrink_ref
 from runtime.kernels.silu_and_mul import silu_and_mul_ref
 from runtime.kernels.ssd_scan import ssd_scan_ref
 from runtime.kernels.ssm_state_update import selective_state_update_ref
@@ -51,8 +52,8 @@ AMX_K_MULTIPLE = _HEADER["AMX_K_MULTIPLE"]  # amx_gemm's K: whole tiles of 32 bf
 SMALL_GEMM_MAX_ROWS = 48
 # The operators that write into their arguments and return nothing: their fake implementation does nothing.
 MUTATING_OPS = ("ssm_state_update", "conv_update", "ssm_scan", "conv_fn", "rms_norm", "rotary", "gemv",
-                "small_gemm", "panel_gemm", "amx_gemm", "int8_gemm", "int4_gemm", "decode_attention", "silu_and_mul",
-                "store_kv")
+                "small_gemm", "panel_gemm", "amx_gemm", "quant_gemm", "quant_dequantize", "decode_attention",
+                "silu_and_mul", "store_kv", "lora_shrink", "lora_expand")
 
 
 def available() -> bool:
@@ -323,14 +324,21 @@ def amx_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) 
     return y
 
 
-def quant_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
-    """quant_linear_ref (quant_linear.py) with the weights dequantized in registers: x (M, K), qweight int8
-    (N, K) or int4 as quant_linear.pack_int4 packs it (uint8 (N, ceil(K / 16) * 8)), scales float32 (N, groups);
-    the float32 result."""
+def quant_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+               offsets: Tensor | None = None) -> Tensor:
+    """quant_linear_ref (quant_linear.py) with the weights dequantized in registers: x (M, K); qweight int8
+    (N, K), int4 as quant_linear.pack_int4 packs it (uint8 (N, ceil(K / 16) * 8)) or float8_e4m3fn (N, K);
+    scales and offsets float32 (N, groups); the float32 result."""
     y = torch.empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
-    op = _ops().int8_gemm if qweight.dtype == torch.int8 else _ops().int4_gemm
-    op(qweight, scales, group_size, _float32(x), _float32(bias), y)
+    _ops().quant_gemm(qweight, scales, _float32(offsets), group_size, _float32(x), _float32(bias), y)
     return y
+
+
+def quant_dequantize(qweight: Tensor, scales: Tensor, group_size: int, offsets: Tensor | None, out: Tensor) -> Tensor:
+    """quant_linear.dequantize into `out`, float32 (N, K) (contiguous, e.g. a panel of rows of a larger
+    buffer): the same values, exactly."""
+    _ops().quant_dequantize(qweight, scales, _float32(offsets), group_size, out)
+    return out
 
 
 def store_kv_native(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -367,3 +375,22 @@ def paged_attention_native(
                             block_table.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous(),
                             scale, result)
     return out.copy_(result)
+
+
+def lora_shrink_native(x: Tensor, lora_a: Tensor, indices: Tensor) -> Tensor:
+    """lora_shrink_ref over the rows, skipping the base model's (the pool's last, zero slot)."""
+    if x.dtype not in NATIVE_DTYPES:
+        return lora_shrink_ref(x, lora_a, indices)
+    if x.dtype != torch.float32 or x.stride(-1) != 1:
+        x = x.float().contiguous()  # the kernel reads float32 rows (a bfloat16 x is widened, as the reference does)
+    out = torch.empty(x.shape[0], lora_a.shape[1], dtype=torch.float32)
+    _ops().lora_shrink(x, lora_a, indices, out)
+    return out
+
+
+def lora_expand_native(s: Tensor, lora_b: Tensor, lora_bias: Tensor, indices: Tensor, y: Tensor) -> None:
+    """lora_expand_ref in place, skipping the base model's rows; y's rows may be strided (a view)."""
+    if y.dtype not in NATIVE_DTYPES or y.stride(-1) != 1:
+        lora_expand_ref(s, lora_b, lora_bias, indices, y)
+        return
+    _ops().lora_expand(s, lora_b, lora_bias, indices, y)

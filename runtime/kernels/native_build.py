@@ -35,6 +35,7 @@ ENV_VAR = "TANDEM_CPU_NATIVE"
 SOURCES = Path(__file__).with_name("csrc")
 C_SOURCE, CXX_SOURCE, HEADER = SOURCES / "cpu_native.c", SOURCES / "ops.cpp", SOURCES / "tandem_cpu.h"
 QUANT_SOURCE = SOURCES / "quant.c"  # the quantized linears' kernels (C, built beside the core)
+LORA_SOURCE = SOURCES / "lora.c"  # batched LoRA (C, built beside the core)
 # What runs on the references when the library is missing: the warning names it.
 LOST = ("the Mamba state updates, scans and convs, the norms, SiLU, rotary, decode attention and the "
         "small-batch linears run on their torch references (several times slower)")
@@ -109,7 +110,7 @@ def library_path(features: frozenset[str]) -> Path:
     """Where the library for a CPU of these features lies (or will)."""
     c_flags, cxx_flags = flags()
     key = hashlib.sha256()
-    for source in (C_SOURCE, QUANT_SOURCE, CXX_SOURCE, HEADER):
+    for source in (C_SOURCE, QUANT_SOURCE, CXX_SOURCE, HEADER, LORA_SOURCE):
         key.update(source.read_bytes())
     key.update(" ".join([*c_flags, *cxx_flags, torch.__version__, *sorted(features)]).encode())
     return cache_dir() / f"libtandem_cpu-{key.hexdigest()[:16]}.so"
@@ -149,11 +150,13 @@ def _build(target: Path, features: frozenset[str], cc: str, cxx: str) -> None:
     # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         core, quant, ops, built = (Path(scratch) / name for name in ("core.o", "quant.o", "ops.o", target.name))
+        lora = Path(scratch) / "lora.o"
         _run_all([[cc, *c_flags, "-c", str(C_SOURCE), "-o", str(core)],
                   [cc, *c_flags, "-c", str(QUANT_SOURCE), "-o", str(quant)],
+                  [cc, *c_flags, "-c", str(LORA_SOURCE), "-o", str(lora)],
                   [cxx, *cxx_flags, "-c", str(CXX_SOURCE), "-o", str(ops)]])
-        _run_all([[cxx, "-shared", "-fopenmp", str(core), str(quant), str(ops), "-o", str(built), f"-L{torch_lib}",
-                   "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-lm"]])
+        _run_all([[cxx, "-shared", "-fopenmp", str(core), str(quant), str(lora), str(ops), "-o", str(built),
+                   f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-lm"]])
         manifest = dict(features=sorted(features), torch=torch.__version__, compilers=[cc, cxx],
                         python=sys.version.split()[0])
         Path(scratch, "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -1,5 +1,5 @@
 """Weight-only quantized linears: on-the-fly int8 and int4 quantization of a float weight, its torch reference,
-and the launcher that picks the native kernel (csrc/quant.c, `tandem::int8_gemm` / `tandem::int4_gemm`).
+and the launcher that picks the native kernels (csrc/quant.c, `tandem::quant_gemm` / `tandem::quant_dequantize`).
 
 int8: symmetric, one scale per output feature (row of the (N, K) weight): scale = max|w| / 127,
 q = round(w / scale) in [-127, 127], stored one per byte (int8), as one group of K.
@@ -7,8 +7,16 @@ int4: symmetric, one scale per output feature and group of INT4_GROUP_SIZE value
 a row is partial where the group size does not divide K): scale = max|w| / 7, q in [-7, 7], stored two per
 byte (uint8 (N, ceil(K / 16) * 8), see pack_int4), so the weights stream an eighth of float32's bytes.
 
-A weight is dequantized as q * scale in float32; the kernels do exactly that in registers and differ from the
-reference only in summation order.
+A weight is dequantized as q * scale (+ offset) in float32; the kernels do exactly that in registers and differ
+from the reference only in summation order.
+
+The same representation carries the formats checkpoints publish (loaded, not quantized here): the dtype of
+`qweight` names the storage, `scales` (N, groups) and optional `offsets` (N, groups), both float32, the
+dequantization w = q * scale + offset of each group of `group_size` values along K:
+- int8 (N, K): any int8 values (Q8_0's blocks of 32, Q6_K's 6-bit values in [-32, 31] as groups of 16, ...);
+- uint8 (N, ceil(K / 16) * 8): int4 values in [-8, 7] as pack_int4 packs them; an unsigned 4-bit u with zero
+  point z is q = u - 8 with offset (8 - z) * scale, and GGUF's K-quant minimums fold into the offset the same way;
+- float8_e4m3fn (N, K): FP8 e4m3 weights; a block-wise scale (128 x 128 blocks) repeats over its block's rows.
 """
 
 from __future__ import annotations
@@ -17,14 +25,19 @@ import torch
 from torch import Tensor
 
 from runtime.kernels import cpu_native
+from runtime.kernels.quant_linear_gpu import fp8_scaled_mm, quant_linear_triton, scaled_mm_runs
 
 SCHEMES = ("int8", "int4")  # vLLM's spellings of the on-the-fly weight-only schemes
 INT4_GROUP_SIZE = 128
 INT4_BLOCK = 16  # int4 values per 8 bytes (csrc/tandem_cpu.h's TANDEM_INT4_BLOCK); a group is whole blocks
 LEVELS = {"int8": 127, "int4": 7}
 # Up to this many rows the native kernel runs (each block of 4 rows reads the weights from L1 again); a
-# larger batch (a prefill) dequantizes the weight to float32 once per call and runs torch's GEMM.
+# larger batch (a prefill) dequantizes the weight a panel at a time and runs torch's GEMM on each.
 NATIVE_MAX_ROWS = 16
+# A prefill's float32 panel of dequantized weights (256 features at K = 2048). Smaller panels cost more than the
+# dequantization: the GEMM packs x again for every panel (one thread, N = K = 2048, M = 512: 16-row panels 2x
+# slower than float32 nn.Linear, 2-8 MiB level with it).
+PANEL_BYTES = 2 * 1024 * 1024
 
 
 def group_size_of(scheme: str, in_features: int) -> int:
@@ -69,26 +82,81 @@ def unpack_int4(packed: Tensor, in_features: int) -> Tensor:
     return torch.stack((low, high), dim=2).reshape(n, -1)[:, :in_features]
 
 
-def dequantize(qweight: Tensor, scales: Tensor, group_size: int, in_features: int) -> Tensor:
-    """The float32 (N, K) weight that (qweight, scales) stand for."""
-    q = qweight if qweight.dtype == torch.int8 else unpack_int4(qweight, in_features)
+def dequantize(qweight: Tensor, scales: Tensor, group_size: int, in_features: int,
+               offsets: Tensor | None = None) -> Tensor:
+    """The float32 (N, K) weight that (qweight, scales[, offsets]) stand for: q * scale (+ offset) per group."""
+    q = unpack_int4(qweight, in_features) if qweight.dtype == torch.uint8 else qweight[:, :in_features]
     per_value = scales.repeat_interleave(group_size, dim=1)[:, :in_features]
-    return q.float() * per_value
+    weight = q.float() * per_value
+    if offsets is not None:
+        weight += offsets.repeat_interleave(group_size, dim=1)[:, :in_features]
+    return weight
 
 
-def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
-    """x @ W.T (+ bias) in float32, W dequantized in float32: qweight int8 (N, K) or int4 as pack_int4 packs
-    it (uint8); K is x's last dimension."""
-    weight = dequantize(qweight, scales, group_size, x.shape[-1])
+def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+                     offsets: Tensor | None = None) -> Tensor:
+    """x @ W.T (+ bias) in float32, W dequantized in float32 (see the module docstring for qweight's storage
+    formats); K is x's last dimension."""
+    weight = dequantize(qweight, scales, group_size, x.shape[-1], offsets)
     return torch.nn.functional.linear(x.float(), weight, None if bias is None else bias.float())
 
 
-def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
-    """quant_linear_ref on the native kernel where it runs (a CPU with the library, up to NATIVE_MAX_ROWS
-    rows); the float32 result, as the reference's."""
-    flat = x.reshape(-1, x.shape[-1])
-    if flat.shape[0] <= NATIVE_MAX_ROWS and x.device.type == "cpu" and cpu_native.available():
-        y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias)
+def native_runs(qweight: Tensor, offsets: Tensor | None, group_size: int | None = None,
+                in_features: int | None = None) -> bool:
+    """The native kernels take every format of the module docstring, offsets or not; int4 in groups of whole
+    blocks of INT4_BLOCK values or in one group per row (the reference takes the others)."""
+    if qweight.dtype not in (torch.int8, torch.uint8, torch.float8_e4m3fn):
+        return False
+    if qweight.dtype != torch.uint8 or group_size is None or group_size % INT4_BLOCK == 0:
+        return True
+    return group_size >= (qweight.shape[1] * 2 if in_features is None else in_features)
+
+
+def panel_rows(in_features: int) -> int:
+    """Output features per panel of a prefill: PANEL_BYTES of float32 weights."""
+    return max(INT4_BLOCK, PANEL_BYTES // (4 * max(in_features, 1)))
+
+
+def quant_linear_panels(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+                        offsets: Tensor | None = None) -> Tensor:
+    """quant_linear_ref for a batch of rows (a prefill): the weight dequantized a panel of output features at a
+    time into one small float32 buffer (the native quant_dequantize, exactly the reference's values), each panel
+    multiplied by torch's GEMM into its columns of the result; x (M, K)."""
+    rows, in_features = x.shape
+    out_features = qweight.shape[0]
+    source = x.float()
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    step = min(panel_rows(in_features), out_features)
+    buffer = torch.empty(step, in_features, dtype=torch.float32)
+    for n0 in range(0, out_features, step):
+        n1 = min(n0 + step, out_features)
+        panel = cpu_native.quant_dequantize(qweight[n0:n1], scales[n0:n1], group_size,
+                                            None if offsets is None else offsets[n0:n1], buffer[:n1 - n0])
+        # The GEMM writes the columns in place: a row-major block with the result's row stride.
+        torch.mm(source, panel.t(), out=y[:, n0:n1])
+    if bias is not None:
+        y += bias.float()
+    return y
+
+
+def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+                 offsets: Tensor | None = None) -> Tensor:
+    """quant_linear_ref on the native kernels where they run (a CPU with the library, a format native_runs
+    takes): up to NATIVE_MAX_ROWS rows in registers, more by panels (quant_linear_panels); on a CUDA device
+    the Triton kernel (quant_linear_gpu.py), or _scaled_mm for FP8 per-channel weights with bfloat16
+    activations where the GPU has FP8 (scaled_mm_runs). The float32 result, as the reference's."""
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if x.is_cuda:
+        if scaled_mm_runs(flat, qweight, scales, offsets):
+            y = fp8_scaled_mm(flat, qweight, scales, bias).float()
+        else:
+            y = quant_linear_triton(flat, qweight, scales, group_size, bias, offsets)
+    elif x.is_cpu and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
+        if flat.shape[0] <= NATIVE_MAX_ROWS:
+            y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets)
+        else:
+            y = quant_linear_panels(flat, qweight, scales, group_size, bias, offsets)
     else:
-        y = quant_linear_ref(flat, qweight, scales, group_size, bias)
-    return y.view(*x.shape[:-1], qweight.shape[0])
+        y = quant_linear_ref(flat, qweight, scales, group_size, bias, offsets)
+    # A decode's (M, K) x needs no reshape either way: each costs about a microsecond a linear.
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], qweight.shape[0])

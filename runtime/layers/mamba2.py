@@ -117,9 +117,23 @@ class Mamba2Mixer(nn.Module):
                 self.ssm_states, x[:nd], dt[:nd], A, B[:nd], C[:nd], self.D, self.dt_bias, self.decode_dt_limit,
                 ctx.decode_state_indices[self.group], y[:nd],
             )
-        if ctx.num_prefill_tokens:
+        split = ctx.generated_split
+        if ctx.num_prefill_tokens and (split is None or self.decode_dt_limit == self.dt_limit):
             kernels.ssd_scan(
                 x[nd:], dt[nd:], A, B[nd:], C[nd:], self.D, self.dt_bias, self.dt_limit, self.ssm_states,
                 ctx.prefill_state_indices[self.group], ctx.mamba_prefill, y[nd:],
             )
+        elif ctx.num_prefill_tokens:
+            self._scan_generated_apart(x, dt, A, B, C, y, split)
         return y
+
+    def _scan_generated_apart(self, x, dt, A, B, C, y, split) -> None:
+        """Prompt chunks with the scan's dt limit, generated ones (runtime.context.GeneratedSplit) with decode's."""
+        ctx = get_forward_context()
+        indices = ctx.prefill_state_indices[self.group]
+        start, mid, seqs = ctx.num_decodes, ctx.num_decodes + split.num_prompt_tokens, split.num_prompt_seqs
+        if split.prompt is not None:
+            kernels.ssd_scan(x[start:mid], dt[start:mid], A, B[start:mid], C[start:mid], self.D, self.dt_bias,
+                             self.dt_limit, self.ssm_states, indices[:seqs], split.prompt, y[start:mid])
+        kernels.ssd_scan(x[mid:], dt[mid:], A, B[mid:], C[mid:], self.D, self.dt_bias, self.decode_dt_limit,
+                         self.ssm_states, indices[seqs:], split.generated, y[mid:])

@@ -20,21 +20,38 @@ ROUTER_NAMES = ("router", "gate", "shared_expert_gate")
 
 
 class QuantLinear(nn.Module):
-    """A linear whose weight is int8 or packed int4 with float32 scales (runtime.kernels.quant_linear)."""
+    """A linear whose weight is stored quantized (int8, packed int4 or FP8) with float32 scales and optional
+    offsets per group (runtime.kernels.quant_linear), quantized here from an nn.Linear or loaded (`loaded`)."""
 
     def __init__(self, linear: nn.Linear, scheme: str):
         super().__init__()
-        self.in_features, self.out_features, self.scheme = linear.in_features, linear.out_features, scheme
         weight = linear.weight.detach()
-        self.dtype = weight.dtype
-        qweight, scales, self.group_size = quantize(weight.cpu(), scheme)
-        self.register_buffer("qweight", qweight.to(weight.device), persistent=False)
-        self.register_buffer("scales", scales.to(weight.device), persistent=False)
-        bias = linear.bias.detach().float() if linear.bias is not None else None
-        self.register_buffer("bias", bias, persistent=False)
+        qweight, scales, group_size = quantize(weight.cpu(), scheme)
+        bias = linear.bias.detach() if linear.bias is not None else None
+        self._hold(linear.in_features, scheme, weight.dtype, qweight.to(weight.device), scales.to(weight.device),
+                   group_size, None, bias)
+
+    @classmethod
+    def loaded(cls, in_features: int, scheme: str, dtype: torch.dtype, qweight: torch.Tensor, scales: torch.Tensor,
+               group_size: int, offsets: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> QuantLinear:
+        """A QuantLinear holding a checkpoint's quantized weight as quant_linear's formats state it; `dtype` is
+        the model's (what forward returns), `scheme` names the format for printing."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module._hold(in_features, scheme, dtype, qweight, scales, group_size, offsets, bias)
+        return module
+
+    def _hold(self, in_features, scheme, dtype, qweight, scales, group_size, offsets, bias):
+        self.in_features, self.out_features, self.scheme = in_features, qweight.shape[0], scheme
+        self.dtype, self.group_size = dtype, group_size
+        self.register_buffer("qweight", qweight, persistent=False)
+        self.register_buffer("scales", scales.float().contiguous(), persistent=False)
+        self.register_buffer("offsets", None if offsets is None else offsets.float().contiguous(), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quant_linear(x, self.qweight, self.scales, self.group_size, self.bias).to(self.dtype)
+        y = quant_linear(x, self.qweight, self.scales, self.group_size, self.bias, self.offsets)
+        return y.to(self.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"

@@ -30,6 +30,7 @@ class Feature(enum.Enum):
     TENSOR_PARALLEL = "tensor parallel"
     PIPELINE_PARALLEL = "pipeline parallel"
     LORA = "LoRA"
+    SPECULATIVE_DECODING = "speculative decoding"
 
 
 class LayerKind(enum.Enum):

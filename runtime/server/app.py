@@ -13,7 +13,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from runtime.server import metrics
+from runtime.server import lora, metrics
 from runtime.server.chat import create_chat_completion
 from runtime.server.completions import create_completion
 from runtime.server.connections import with_read_deadline
@@ -49,7 +49,9 @@ async def models(request: Request) -> ModelList:
     # `root` is the served name too: a filesystem path tells a client nothing it needs, and an attacker a lot.
     card = ModelCard(id=state.model_name, created=state.created, root=state.model_name,
                      max_model_len=state.max_model_len)
-    return ModelList(data=[card])
+    adapters = [ModelCard(id=name, created=state.created, root=name, parent=state.model_name,
+                          max_model_len=state.max_model_len) for name in state.loras]
+    return ModelList(data=[card, *adapters])
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
@@ -95,7 +97,9 @@ def build_app(state: ServerState, enable_openapi: bool = False) -> FastAPI:
     app.openapi = lambda: openapi_schema(app)
     install_error_handlers(app)
     app.include_router(router)
-    app.add_middleware(Guard, state=state, paths=frozenset(route.path for route in router.routes))
+    app.include_router(lora.router)
+    paths = frozenset(route.path for route in [*router.routes, *lora.router.routes])
+    app.add_middleware(Guard, state=state, paths=paths)
     return app
 
 

@@ -14,6 +14,7 @@ import queue
 import threading
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from runtime.engine import Engine, Prompt
 from runtime.outputs import RequestOutput
@@ -172,10 +173,11 @@ class AsyncEngine:
             self._commands.put(command)
             return True
 
-    async def add(self, prompt: Prompt, params: SamplingParams, request_id: str, stream: bool) -> RequestHandle:
+    async def add(self, prompt: Prompt, params: SamplingParams, request_id: str, stream: bool,
+                  lora_request: Any = None) -> RequestHandle:
         """Queue a request; ValueError (a bad prompt) and QueueFull are raised here, before any output."""
         handle = RequestHandle(self, request_id, asyncio.get_running_loop())
-        if not self.send(partial(self._add, handle, prompt, params, stream)):
+        if not self.send(partial(self._add, handle, prompt, params, stream, lora_request)):
             raise EngineStopped("the server is shutting down")
         try:
             await handle.accepted
@@ -186,13 +188,14 @@ class AsyncEngine:
 
     # The engine thread ------------------------------------------------------------------------
 
-    def _add(self, handle: RequestHandle, prompt: Prompt, params: SamplingParams, stream: bool) -> None:
+    def _add(self, handle: RequestHandle, prompt: Prompt, params: SamplingParams, stream: bool,
+             lora_request: Any = None) -> None:
         try:
             if self._stopped:
                 raise EngineStopped("the server is shutting down")
             self._check_waiting(params.n)
             self._check_token_ids(params)
-            self.engine.add_request(prompt, params, handle.request_id, stream=stream)
+            self.engine.add_request(prompt, params, handle.request_id, stream=stream, lora_request=lora_request)
         except Exception as err:
             handle.settle(err)
             return

@@ -52,7 +52,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     await compile_grammar(state.engine.engine, params.structured_outputs, constrained_by)
     prompt = await render_prompt(state, body, plan.tools)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    handle = await state.engine.add(prompt, params, request_id, stream=body.stream)
+    handle = await state.engine.add(prompt, params, request_id, stream=body.stream,
+                                    lora_request=state.lora_for(body.model))
     if body.stream:
         return EventStream(guarded(_chunks(state, body, handle, params, plan), handle))
     output = await result_unless_disconnected(request, handle)
@@ -68,7 +69,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         choices.append(ChatChoice(index=completion.index,
                                   message=AssistantMessage(content=content, tool_calls=tool_calls),
                                   logprobs=logprobs, finish_reason=finish_reason, stop_reason=completion.stop_reason))
-    response = ChatCompletionResponse(id=request_id, created=int(time.time()), model=state.model_name,
+    response = ChatCompletionResponse(id=request_id, created=int(time.time()), model=body.model,
                                       choices=choices, usage=Usage.of_output(output),
                                       prompt_logprobs=prompt_logprobs_json(output.prompt_logprobs))
     return Response(response.model_dump_json(), media_type="application/json")
@@ -79,7 +80,7 @@ async def _chunks(state: ServerState, body: ChatCompletionRequest, handle: Reque
     created = int(time.time())
 
     def chunk(choices: list[ChatStreamChoice], usage: Usage | None = None) -> str:
-        return sse(ChatCompletionChunk(id=handle.request_id, created=created, model=state.model_name,
+        return sse(ChatCompletionChunk(id=handle.request_id, created=created, model=body.model,
                                        choices=choices, usage=usage))
 
     # As OpenAI: the first chunk of each choice names the role, with empty content.

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -33,7 +34,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
             prompt = await state.tokenize.encode(prompt)
         prompts.append(prompt)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    handles = await _add(state, prompts, params, request_id, body.stream)
+    handles = await _add(state, prompts, params, request_id, body.stream, state.lora_for(body.model))
     if body.stream:
         return EventStream(guarded(_chunks(state, body, params, request_id, handles), handles))
     outputs = await results_unless_disconnected(request, handles)
@@ -47,19 +48,19 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
                                    prompt_logprobs=_prompt_logprobs(body, output)))
             num_generated += 0 if body.echo_only else len(completion.token_ids)
     usage = Usage.of(sum(len(o.prompt_token_ids) for o in outputs), num_generated)
-    response = CompletionResponse(id=request_id, created=int(time.time()), model=state.model_name, choices=choices,
+    response = CompletionResponse(id=request_id, created=int(time.time()), model=body.model, choices=choices,
                                   usage=usage)
     return Response(response.model_dump_json(), media_type="application/json")
 
 
 async def _add(state: ServerState, prompts: list, params: SamplingParams, request_id: str,
-               stream: bool) -> list[RequestHandle]:
+               stream: bool, lora: Any = None) -> list[RequestHandle]:
     """One engine request per prompt; if one is refused, those already queued are aborted."""
     handles: list[RequestHandle] = []
     try:
         for i, prompt in enumerate(prompts):
             engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            handles.append(await state.engine.add(prompt, params, engine_id, stream=stream))
+            handles.append(await state.engine.add(prompt, params, engine_id, stream=stream, lora_request=lora))
     except BaseException:
         for handle in handles:
             handle.abort()
@@ -143,10 +144,10 @@ async def _chunks(state: ServerState, body: CompletionRequest, params: SamplingP
             if choice.logprobs is not None:
                 stream.text_offset += sum(len(token) for token in choice.logprobs.tokens)
             stream.finished = done
-            yield sse(CompletionResponse(id=request_id, created=created, model=state.model_name, choices=[choice]))
+            yield sse(CompletionResponse(id=request_id, created=created, model=body.model, choices=[choice]))
     if body.include_usage:
         outputs = [last[i] for i in sorted(last)]
         generated = 0 if body.echo_only else sum(len(c.token_ids) for o in outputs for c in o.outputs)
         usage = Usage.of(sum(len(o.prompt_token_ids) for o in outputs), generated)
-        yield sse(CompletionResponse(id=request_id, created=created, model=state.model_name, choices=[],
+        yield sse(CompletionResponse(id=request_id, created=created, model=body.model, choices=[],
                                      usage=usage))

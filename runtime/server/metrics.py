@@ -87,7 +87,25 @@ def render(stats: ServingStats, http_responses: Counter[tuple[str, str, int]], m
     ]
     for name, help_text, hist in histograms:
         lines += _histogram(f"tandem_{name}", help_text, label, hist)
+    if engine.spec_decode is not None:
+        lines += _spec_decode(engine.spec_decode, label)
     lines += _header("http_requests_total", "counter", "HTTP responses by method, path and status code.")
     lines += [f'http_requests_total{{method="{method}",handler="{_escape(path)}",status="{status}"}} {count}'
               for (method, path, status), count in sorted(http_responses.items())]
     return "\n".join(lines) + "\n"
+
+
+def _spec_decode(counters, label: str) -> list[str]:
+    """vLLM's speculative decoding counters (vllm:spec_decode_*), with accepted tokens per draft position."""
+    lines: list[str] = []
+    for name, help_text, value in (
+        ("num_drafts", "Verify steps of a request with drafts.", counters.num_drafts),
+        ("num_draft_tokens", "Draft tokens proposed and verified.", counters.num_draft_tokens),
+        ("num_accepted_tokens", "Draft tokens accepted.", counters.num_accepted_tokens),
+    ):
+        metric = f"tandem_spec_decode_{name}_total"
+        lines += _header(metric, "counter", help_text) + [f"{metric}{{{label}}} {value}"]
+    metric = "tandem_spec_decode_num_accepted_tokens_per_pos_total"
+    lines += _header(metric, "counter", "Draft tokens accepted at each position of the drafts.")
+    lines += [f'{metric}{{{label},position="{i}"}} {count}' for i, count in enumerate(counters.accepted_per_pos)]
+    return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +34,16 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     # Responses by (method, route, status code), for /metrics; touched by the event loop only.
     http_responses: Counter = field(default_factory=Counter)
+    # LoRA adapters by the name requests give as `model` (runtime/server/lora.py); touched by the event loop only.
+    loras: dict = field(default_factory=dict)
+    _lora_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def next_lora_id(self) -> int:
+        return next(self._lora_ids)
+
+    def lora_for(self, name: str):
+        """The LoRARequest a request's `model` names, or None for the base model."""
+        return self.loras.get(name)
 
     def check_request(self, body: BaseModel) -> None:
         """What every generation request passes before anything else: the model's name and valid text."""
@@ -40,6 +51,7 @@ class ServerState:
         check_text(body.model_dump())
 
     def check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+        if name != self.model_name and name not in self.loras:
+            served = ", ".join(repr(n) for n in [self.model_name, *self.loras])
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {served}",
                            param="model", code="model_not_found")

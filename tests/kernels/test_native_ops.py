@@ -52,10 +52,15 @@ def valid_arguments(op: str) -> list:
         return [cpu_native.pack_panels(r(40, 8)), r(2, 8), r(40), torch.empty(2, 40)]
     if op == "amx_gemm":
         return [cpu_native.pack_panels(r(40, 32).to(bf16)), r(2, 32).to(bf16), r(40), torch.empty(2, 40, dtype=bf16)]
-    if op == "int8_gemm":  # 6 features, K 8 in one group
-        return [torch.randint(-127, 128, (6, 8), dtype=torch.int8), r(6, 1).abs(), 8, r(2, 8), r(6), torch.empty(2, 6)]
-    if op == "int4_gemm":  # 6 features, K 40 in groups of 16 (the last partial), blocks of 16 values in 8 bytes
-        return [torch.randint(0, 256, (6, 24), dtype=torch.uint8), r(6, 3).abs(), 16, r(2, 40), r(6), torch.empty(2, 6)]
+    if op == "quant_gemm":  # int4: 6 features, K 40 in groups of 16 (the last partial), 16 values in 8 bytes
+        return [torch.randint(0, 256, (6, 24), dtype=torch.uint8), r(6, 3).abs(), r(6, 3), 16, r(2, 40), r(6),
+                torch.empty(2, 6)]
+    if op == "quant_dequantize":  # int8: 6 features, K 8 in one group
+        return [torch.randint(-127, 128, (6, 8), dtype=torch.int8), r(6, 1).abs(), r(6, 1), 8, torch.empty(6, 8)]
+    if op == "lora_shrink":  # 3 rows, 2 adapters and the zero slot, rank 4, 8 inputs
+        return [r(3, 8), r(3, 4, 8), torch.tensor([0, 2, 1]), torch.empty(3, 4)]
+    if op == "lora_expand":  # 3 rows, rank 4, 6 outputs
+        return [r(3, 4), r(3, 6, 4), r(3, 6), torch.tensor([1, 2, 0]), r(3, 6)]
     raise AssertionError(op)
 
 
@@ -128,8 +133,12 @@ WRONG_SHAPES = [
     ("decode_attention", "v_cache", (3, 4, 2, 9)), ("decode_attention", "seq_lens", (3,)),
     ("decode_attention", "out", (2, 4, 9)), ("silu_and_mul", "up", (3, 9)), ("store_kv", "slots", (2,)),
     ("store_kv", "value", (3, 2, 9)), ("panel_gemm", "y", (3, 40)),
-    ("int8_gemm", "qweight", (6, 9)), ("int8_gemm", "scales", (6, 2)), ("int8_gemm", "y", (2, 7)),
-    ("int4_gemm", "qweight", (6, 20)), ("int4_gemm", "scales", (6, 2)), ("int4_gemm", "bias", (5,)),
+    ("quant_gemm", "qweight", (6, 20)), ("quant_gemm", "scales", (6, 2)), ("quant_gemm", "offsets", (5, 3)),
+    ("quant_gemm", "bias", (5,)), ("quant_gemm", "y", (2, 7)),
+    ("quant_dequantize", "qweight", (6, 9)), ("quant_dequantize", "scales", (6, 2)),
+    ("quant_dequantize", "out", (7, 8)),
+    ("lora_shrink", "lora_a", (3, 4, 9)), ("lora_shrink", "indices", (2,)), ("lora_shrink", "out", (3, 5)),
+    ("lora_expand", "lora_b", (3, 6, 5)), ("lora_expand", "lora_bias", (3, 7)), ("lora_expand", "y", (3, 7)),
 ]
 
 
@@ -151,8 +160,8 @@ def test_a_wrong_shape_names_the_argument(op, name, shape):
     ("decode_attention", "seq_lens", torch.tensor([9, 3], dtype=i32), "holds 9, outside the block table's"),
     ("decode_attention", "block_table", torch.tensor([[0, 3], [2, 0]], dtype=i32), "holds page 3"),
     ("rms_norm", "group_size", 3, "must divide the row size 8"),
-    ("int8_gemm", "group_size", 0, "must be positive"),
-    ("int4_gemm", "group_size", 8, "must be a multiple of 16 for int4"),
+    ("quant_dequantize", "group_size", 0, "must be positive"),
+    ("quant_gemm", "group_size", 8, "must be a multiple of 16 for int4"),
 ])
 def test_indices_outside_their_pools_are_refused(op, name, value, message):
     index = argument_names(op).index(name)

@@ -1,5 +1,6 @@
 """The quantized linears: on-the-fly int8/int4 quantization as the scheme states it, and the native kernels
-(tandem::int8_gemm, tandem::int4_gemm) against quant_linear_ref on random inputs, edge shapes included."""
+(tandem::quant_gemm, tandem::quant_dequantize, the prefill's panels) against quant_linear_ref on random inputs, every
+storage format (int8, int4, FP8 e4m3, with and without offsets), edge shapes included."""
 
 import ctypes
 import platform
@@ -9,9 +10,9 @@ import subprocess
 import pytest
 import torch
 
-from runtime.kernels import cpu_native, native_build
-from runtime.kernels.quant_linear import (INT4_GROUP_SIZE, dequantize, pack_int4, quant_linear, quant_linear_ref,
-                                          quantize, unpack_int4)
+from runtime.kernels import cpu_native, native_build, quant_linear as quant_module
+from runtime.kernels.quant_linear import (INT4_GROUP_SIZE, NATIVE_MAX_ROWS, dequantize, native_runs, pack_int4,
+                                          quant_linear, quant_linear_ref, quantize, unpack_int4)
 
 native = pytest.mark.skipif(not cpu_native.available(), reason="the native CPU kernels do not build here")
 
@@ -107,8 +108,112 @@ def test_bfloat16_inputs_run_in_float32():
 @native
 def test_an_int4_group_of_part_of_a_block_is_refused():
     q = pack_int4(torch.zeros(2, 10, dtype=torch.int8))
-    with pytest.raises(RuntimeError, match="tandem::int4_gemm: argument 'group_size' must be a multiple of 16"):
-        torch.ops.tandem.int4_gemm(q, torch.ones(2, 2), 8, torch.randn(1, 10), None, torch.empty(1, 2))
+    with pytest.raises(RuntimeError, match="tandem::quant_gemm: argument 'group_size' must be a multiple of 16"):
+        torch.ops.tandem.quant_gemm(q, torch.ones(2, 2), None, 8, torch.randn(1, 10), None, torch.empty(1, 2))
+
+
+FORMATS = ("int8", "int4", "fp8")
+
+
+def random_format(fmt: str, n: int, k: int, group_size: int, offsets: bool, generator: torch.Generator):
+    """(qweight, scales, offsets) of random values over the whole range of the format: int8 any byte, int4 any
+    nibble, FP8 any byte but NaN (normal and subnormal values, both zeros); scales positive, offsets any sign."""
+    groups = -(-k // group_size)
+    if fmt == "int8":
+        q = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=generator)
+    elif fmt == "int4":
+        q = pack_int4(torch.randint(-8, 8, (n, k), dtype=torch.int8, generator=generator))
+    else:
+        raw = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=generator)
+        raw[(raw & 0x7F) == 0x7F] -= 1
+        q = raw.view(torch.float8_e4m3fn)
+    scales = torch.rand(n, groups, generator=generator) + 0.05
+    return q, scales, torch.randn(n, groups, generator=generator) if offsets else None
+
+
+# (rows of x, N, K, group size): group sizes 16, 32, 128 and K; K not a multiple of the 16-value step (partial
+# last groups and blocks), N not a multiple of the 4-feature block, 1 to 16 rows (the 4-row passes and past).
+FORMAT_SHAPES = [(m, n, k, g) for m in (1, 2, 3, 5, 16) for n, k, g in (
+    (7, 300, 16), (13, 200, 32), (5, 1000, 128), (9, 97, 97), (4, 48, 16), (3, 17, 32))]
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows, n, k, group_size", FORMAT_SHAPES)
+@pytest.mark.parametrize("offsets", [False, True])
+def test_every_format_matches_the_reference(fmt, rows, n, k, group_size, offsets):
+    generator = torch.Generator().manual_seed(rows * 10000 + n * 100 + k + group_size)
+    q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
+    x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
+    expected = quant_linear_ref(x, q, scales, group_size, bias, shifts)
+    got = cpu_native.quant_gemm(x, q, scales, group_size, bias, shifts)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n, k, group_size", [(7, 300, 16), (5, 1000, 128), (9, 97, 97), (3, 17, 32)])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_dequantize_gives_the_references_weight_exactly(fmt, n, k, group_size, offsets):
+    generator = torch.Generator().manual_seed(n * 100 + k)
+    q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
+    got = cpu_native.quant_dequantize(q, scales, group_size, shifts, torch.empty(n, k))
+    assert torch.equal(got, dequantize(q, scales, group_size, k, shifts))
+
+
+@native
+@pytest.mark.parametrize("lane", ["vector", "scalar"])
+def test_every_fp8_byte_converts_as_torch_converts_it(lane):
+    """All 256 e4m3fn bytes (zeros, subnormals, normals up to 448, NaN at 0x7f and 0xff), one per weight row
+    among zeros, at every place of a block of 16 (the vector path) or as the 17th value of a row (the scalar
+    one): each output is x's value there times the byte's value, NaN for NaN."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    places = codes.long() % 16 if lane == "vector" else torch.full((256,), 16)
+    raw = torch.zeros(256, 17, dtype=torch.uint8)
+    raw[torch.arange(256), places] = codes
+    weight = raw.view(torch.float8_e4m3fn)
+    x = torch.rand(1, 17) + 0.5
+    expected = x[0, places] * codes.view(torch.float8_e4m3fn).float()
+    got = cpu_native.quant_gemm(x, weight, torch.ones(256, 1), 17, None)[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    assert got.isnan().sum() == 2
+    dequantized = cpu_native.quant_dequantize(weight, torch.ones(256, 1), 17, None, torch.empty(256, 17))
+    torch.testing.assert_close(dequantized, weight.float(), rtol=0, atol=0, equal_nan=True)
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [17, 40])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_a_prefill_runs_panel_by_panel(fmt, rows, offsets, monkeypatch):
+    """Past NATIVE_MAX_ROWS rows the launcher dequantizes panels of 16 features here (the last one partial) and
+    multiplies each into its columns of the result."""
+    monkeypatch.setattr(quant_module, "PANEL_BYTES", 16 * 4 * 300)
+    assert quant_module.panel_rows(300) == 16
+    generator = torch.Generator().manual_seed(rows)
+    q, scales, shifts = random_format(fmt, 37, 300, 32, offsets, generator)
+    x, bias = torch.randn(1, rows, 300, generator=generator), torch.randn(37, generator=generator)
+    got = quant_linear(x, q, scales, 32, bias, shifts)
+    expected = quant_linear_ref(x[0], q, scales, 32, bias, shifts)[None]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_launcher_takes_the_native_kernel_for_every_format(fmt):
+    """Bit for bit the native kernel's result (its summation order differs from the reference's)."""
+    q, scales, shifts = random_format(fmt, 12, 300, 32, True, torch.Generator().manual_seed(3))
+    assert native_runs(q, shifts, 32)
+    x = torch.randn(3, 300)
+    got = quant_linear(x, q, scales, 32, None, shifts)
+    assert torch.equal(got, cpu_native.quant_gemm(x, q, scales, 32, None, shifts))
+    assert not torch.equal(got, quant_linear_ref(x, q, scales, 32, None, shifts))
+
+
+def test_native_runs_refuses_int4_groups_of_part_of_a_block():
+    q = pack_int4(torch.zeros(2, 40, dtype=torch.int8))
+    assert not native_runs(q, None, 24) and native_runs(q, None, 32) and native_runs(q, None, 40, 40)
+    assert not native_runs(torch.zeros(2, 8, dtype=torch.int16), None)
 
 
 @pytest.fixture(scope="module")
@@ -119,21 +224,71 @@ def portable_library(tmp_path_factory):
         pytest.skip("no C compiler")
     target = tmp_path_factory.mktemp("portable") / "libquant.so"
     subprocess.run([compiler, "-O2", "-std=c11", "-fPIC", "-shared", "-fopenmp", str(native_build.QUANT_SOURCE),
-                    "-o", str(target)], check=True, capture_output=True)
+                    "-o", str(target), "-lm"], check=True, capture_output=True)
     return ctypes.CDLL(str(target))
 
 
+FORMAT_CODES = {"int8": 8, "int4": 4, "fp8": 1}  # csrc/tandem_cpu.h's TANDEM_QUANT_*
+
+
+def pointer(tensor):
+    return ctypes.c_void_p(None if tensor is None else tensor.data_ptr())
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="elsewhere the baseline build may vectorise")
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
-@pytest.mark.parametrize("rows, n, k", [(1, 7, 300), (3, 13, 17), (5, 4, 1000)])
-def test_the_portable_path_matches_the_reference(portable_library, scheme, rows, n, k):
-    weight, x, bias = torch.randn(n, k), torch.randn(rows, k), torch.randn(n)
-    qweight, scales, group_size = quantize(weight, scheme)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows, n, k, group_size", [(1, 7, 300, 16), (3, 13, 17, 17), (5, 4, 1000, 128)])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_the_portable_path_matches_the_reference(portable_library, fmt, rows, n, k, group_size, offsets):
+    generator = torch.Generator().manual_seed(rows + n + k)
+    q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
+    x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
     y = torch.empty(rows, n)
-    pointer = ctypes.c_void_p
     portable_library.tandem_quant_gemm(
-        pointer(qweight.data_ptr()), ctypes.c_int(8 if scheme == "int8" else 4), pointer(scales.data_ptr()),
-        ctypes.c_int(group_size), pointer(x.data_ptr()), pointer(bias.data_ptr()), pointer(y.data_ptr()),
-        ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(1))
-    torch.testing.assert_close(y, quant_linear_ref(x, qweight, scales, group_size, bias), rtol=1e-5,
-                               atol=1e-4 * k ** 0.5)
+        pointer(q), ctypes.c_int(FORMAT_CODES[fmt]), pointer(scales), pointer(shifts), ctypes.c_int(group_size),
+        pointer(x), pointer(bias), pointer(y), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(1))
+    expected = quant_linear_ref(x, q, scales, group_size, bias, shifts)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    weight = torch.empty(n, k)
+    portable_library.tandem_quant_dequantize(
+        pointer(q), ctypes.c_int(FORMAT_CODES[fmt]), pointer(scales), pointer(shifts), ctypes.c_int(group_size),
+        pointer(weight), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(1))
+    assert torch.equal(weight, dequantize(q, scales, group_size, k, shifts))
+
+
+def test_offsets_and_fp8_dequantize_group_by_group():
+    generator = torch.Generator().manual_seed(7)
+    q = torch.randint(-8, 8, (3, 40), dtype=torch.int8, generator=generator)
+    scales, offsets = torch.rand(3, 3, generator=generator), torch.randn(3, 3, generator=generator)
+    weight = dequantize(pack_int4(q), scales, 16, 40, offsets)
+    for group in range(3):
+        columns = slice(16 * group, min(16 * group + 16, 40))
+        expected = q[:, columns].float() * scales[:, group:group + 1] + offsets[:, group:group + 1]
+        assert torch.equal(weight[:, columns], expected)
+    fp8 = torch.randn(3, 40, generator=generator).to(torch.float8_e4m3fn)
+    torch.testing.assert_close(dequantize(fp8, scales, 16, 40), fp8.float() * scales.repeat_interleave(16, 1)[:, :40])
+    x = torch.randn(2, 40, generator=generator)
+    torch.testing.assert_close(quant_linear(x, fp8, scales, 16, None), x @ dequantize(fp8, scales, 16, 40).T)
+
+
+@native
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_moe_experts_run_the_native_kernels(scheme):
+    """QuantStackedLinear's experts, each on its own slice of the stacked weights: a decode's few tokens in
+    registers (bit for bit quant_gemm's result), a prefill's many by panels, both the reference's values."""
+    from runtime.layers.moe import StackedLinear
+    from runtime.layers.quantized import QuantStackedLinear
+
+    stacked = StackedLinear(3, 160, 48)
+    torch.nn.init.normal_(stacked.weight, generator=torch.Generator().manual_seed(5))
+    experts = QuantStackedLinear(stacked, scheme)
+    for expert in range(3):
+        q, scales = experts.qweight[expert], experts.scales[expert]
+        assert q.is_contiguous() and native_runs(q, None, experts.group_size, 160)
+        for rows in (3, 40):
+            x = torch.randn(rows, 160)
+            got = experts(expert, x)
+            torch.testing.assert_close(got, quant_linear_ref(x, q, scales, experts.group_size, None),
+                                       rtol=1e-5, atol=1e-5 * got.abs().max().item())
+            if rows <= NATIVE_MAX_ROWS:
+                assert torch.equal(got, cpu_native.quant_gemm(x, q, scales, experts.group_size, None))

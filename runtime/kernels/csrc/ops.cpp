@@ -412,45 +412,64 @@ void amx_gemm(const Tensor &panels, const Tensor &x, const OptionalTensor &bias,
                   args.count("x", x.size(0)), args.count("y", out_features), args.count("x", x.size(1)), threads());
 }
 
-// Weight-only quantized linears (quant.c): qweight int8 (N, K) or, for int4, uint8 (N, ceil(K / 16) * 8) holding
-// blocks of 16 values in 8 bytes; scales float32 (N, ceil(K / group_size)); x float32 (M, K); y float32 (M, N).
-void quant_gemm(const char *op, int bits, const Tensor &qweight, const Tensor &scales, int64_t group_size,
-                const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
-  const Args args(op);
-  args.tensor("qweight", qweight, {bits == 8 ? ScalarType::Char : ScalarType::Byte}, 2);
+// Weight-only quantized linears (quant.c): qweight's dtype names the format, int8 (N, K), uint8 int4 (N,
+// ceil(K / 16) * 8) holding blocks of 16 values in 8 bytes, or float8_e4m3fn (N, K); scales and offsets (optional)
+// float32 (N, ceil(K / group_size)). The quant.c format code, after checking qweight, scales and offsets.
+int check_quant(const Args &args, const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets,
+                int64_t group_size, int64_t in_features) {
+  args.tensor("qweight", qweight, {ScalarType::Char, ScalarType::Byte, ScalarType::Float8_e4m3fn}, 2);
   args.contiguous("qweight", qweight);
-  args.tensor("x", x, {ScalarType::Float}, 2);
-  args.contiguous("x", x);
-  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
+  const ScalarType dtype = qweight.scalar_type();
+  const int format = dtype == ScalarType::Char   ? TANDEM_QUANT_INT8
+                     : dtype == ScalarType::Byte ? TANDEM_QUANT_INT4
+                                                 : TANDEM_QUANT_FP8;
+  const int64_t out_features = qweight.size(0);
   const int64_t blocks = (in_features + TANDEM_INT4_BLOCK - 1) / TANDEM_INT4_BLOCK;
-  args.shape("qweight", qweight, {out_features, bits == 8 ? in_features : blocks * TANDEM_INT4_BLOCK / 2});
+  args.shape("qweight", qweight,
+             {out_features, format == TANDEM_QUANT_INT4 ? blocks * TANDEM_INT4_BLOCK / 2 : in_features});
   TANDEM_REQUIRE(args, group_size > 0 && group_size <= INT_MAX, "group_size",
                  "must be positive, got " + std::to_string(group_size));
-  TANDEM_REQUIRE(args, bits == 8 || group_size % TANDEM_INT4_BLOCK == 0, "group_size",
-                 "must be a multiple of " + std::to_string(TANDEM_INT4_BLOCK) + " for int4 (whole blocks), got " +
-                     std::to_string(group_size));
+  TANDEM_REQUIRE(args,
+                 format != TANDEM_QUANT_INT4 || group_size % TANDEM_INT4_BLOCK == 0 || group_size >= in_features,
+                 "group_size",
+                 "must be a multiple of " + std::to_string(TANDEM_INT4_BLOCK) +
+                     " for int4 (whole blocks) or span the row, got " + std::to_string(group_size));
   const int64_t groups = (in_features + group_size - 1) / group_size;
   args.tensor("scales", scales, {ScalarType::Float}, 2);
   args.shape("scales", scales, {out_features, groups});
   args.contiguous("scales", scales);
+  args.optional("offsets", offsets, ScalarType::Float, {out_features, groups});
+  return format;
+}
+
+void quant_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets, int64_t group_size,
+                const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
+  const Args args("quant_gemm");
+  args.tensor("x", x, {ScalarType::Float}, 2);
+  args.contiguous("x", x);
+  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
+  const int format = check_quant(args, qweight, scales, offsets, group_size, in_features);
   args.optional("bias", bias, ScalarType::Float, {out_features});
   args.tensor("y", y, {ScalarType::Float}, 2);
   args.shape("y", y, {rows, out_features});
   args.contiguous("y", y);
-  tandem_quant_gemm(static_cast<const uint8_t *>(qweight.data_ptr()), bits, scales.data_ptr<float>(),
-                    static_cast<int>(group_size), x.data_ptr<float>(), pointer<float>(bias), y.data_ptr<float>(),
-                    args.count("x", rows), args.count("qweight", out_features), args.count("x", in_features),
-                    threads());
+  tandem_quant_gemm(static_cast<const uint8_t *>(qweight.data_ptr()), format, scales.data_ptr<float>(),
+                    pointer<float>(offsets), static_cast<int>(group_size), x.data_ptr<float>(), pointer<float>(bias),
+                    y.data_ptr<float>(), args.count("x", rows), args.count("qweight", out_features),
+                    args.count("x", in_features), threads());
 }
 
-void int8_gemm(const Tensor &qweight, const Tensor &scales, int64_t group_size, const Tensor &x,
-               const OptionalTensor &bias, const Tensor &y) {
-  quant_gemm("int8_gemm", 8, qweight, scales, group_size, x, bias, y);
-}
-
-void int4_gemm(const Tensor &qweight, const Tensor &scales, int64_t group_size, const Tensor &x,
-               const OptionalTensor &bias, const Tensor &y) {
-  quant_gemm("int4_gemm", 4, qweight, scales, group_size, x, bias, y);
+// The weight quant_gemm reads, dequantized into out: float32 (N, K).
+void quant_dequantize(const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets,
+                      int64_t group_size, const Tensor &out) {
+  const Args args("quant_dequantize");
+  args.tensor("out", out, {ScalarType::Float}, 2);
+  args.contiguous("out", out);
+  const int format = check_quant(args, qweight, scales, offsets, group_size, out.size(1));
+  args.shape("out", out, {qweight.size(0), out.size(1)});
+  tandem_quant_dequantize(static_cast<const uint8_t *>(qweight.data_ptr()), format, scales.data_ptr<float>(),
+                          pointer<float>(offsets), static_cast<int>(group_size), out.data_ptr<float>(),
+                          args.count("out", out.size(0)), args.count("out", out.size(1)), threads());
 }
 
 // A paged cache: (pages, block_size, kv_heads, head_dim), each head's row contiguous.
@@ -542,6 +561,56 @@ int64_t panel_gemm_dtypes() { return tandem_panel_gemm_dtypes(); }
 
 bool amx_ready() { return tandem_amx_ready() != 0; }
 
+// Batched LoRA (lora.c). The pools are float32 (S, R, in), (S, out, R), (S, out); the last slot is the zero slot
+// the base model's rows point at, and the kernels skip those rows.
+void lora_indices(const Args &args, const Tensor &indices, int64_t rows, int64_t slots) {
+  args.tensor("indices", indices, {ScalarType::Long}, 1);
+  args.shape("indices", indices, {rows});
+  args.contiguous("indices", indices);
+  args.slots("indices", indices, slots);
+  const int64_t *values = indices.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows; i++)
+    TANDEM_REQUIRE(args, values[i] >= 0, "indices", "holds -1 at " + std::to_string(i) + "; the zero slot is the last");
+}
+
+void lora_shrink(const Tensor &x, const Tensor &lora_a, const Tensor &indices, const Tensor &out) {
+  const Args args("lora_shrink");
+  args.tensor("x", x, {ScalarType::Float}, 2);
+  args.contiguous_from("x", x, 1);
+  args.tensor("lora_a", lora_a, {ScalarType::Float}, 3);
+  args.contiguous("lora_a", lora_a);
+  args.shape("lora_a", lora_a, {lora_a.size(0), lora_a.size(1), x.size(1)});
+  lora_indices(args, indices, x.size(0), lora_a.size(0));
+  args.tensor("out", out, {ScalarType::Float}, 2);
+  args.shape("out", out, {x.size(0), lora_a.size(1)});
+  args.contiguous("out", out);
+  tandem_lora_shrink(x.data_ptr<float>(), x.stride(0), lora_a.data_ptr<float>(), indices.data_ptr<int64_t>(),
+                     lora_a.size(0) - 1, args.count("x", x.size(0)), args.count("lora_a", lora_a.size(1)),
+                     args.count("x", x.size(1)), out.data_ptr<float>(), threads());
+}
+
+void lora_expand(const Tensor &s, const Tensor &lora_b, const Tensor &lora_bias, const Tensor &indices,
+                 const Tensor &y) {
+  const Args args("lora_expand");
+  args.tensor("s", s, {ScalarType::Float}, 2);
+  args.contiguous("s", s);
+  args.tensor("lora_b", lora_b, {ScalarType::Float}, 3);
+  args.contiguous("lora_b", lora_b);
+  args.shape("lora_b", lora_b, {lora_b.size(0), lora_b.size(1), s.size(1)});
+  args.tensor("lora_bias", lora_bias, {ScalarType::Float}, 2);
+  args.shape("lora_bias", lora_bias, {lora_b.size(0), lora_b.size(1)});
+  args.contiguous("lora_bias", lora_bias);
+  lora_indices(args, indices, s.size(0), lora_b.size(0));
+  args.tensor("y", y, kNative, 2);
+  args.shape("y", y, {s.size(0), lora_b.size(1)});
+  args.contiguous_from("y", y, 1);
+  tandem_lora_expand(s.data_ptr<float>(), lora_b.data_ptr<float>(), lora_bias.data_ptr<float>(),
+                     indices.data_ptr<int64_t>(), lora_b.size(0) - 1, args.count("s", s.size(0)),
+                     args.count("s", s.size(1)), args.count("lora_b", lora_b.size(1)), y.data_ptr(), bf16(y),
+                     y.stride(0), threads());
+}
+
+
 }  // namespace
 
 TORCH_LIBRARY(tandem, m) {
@@ -559,8 +628,9 @@ TORCH_LIBRARY(tandem, m) {
   m.def("small_gemm(Tensor weight, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("panel_gemm(Tensor panels, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("amx_gemm(Tensor panels, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
-  m.def("int8_gemm(Tensor qweight, Tensor scales, int group_size, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
-  m.def("int4_gemm(Tensor qweight, Tensor scales, int group_size, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("quant_gemm(Tensor qweight, Tensor scales, Tensor? offsets, int group_size, Tensor x, Tensor? bias, "
+        "Tensor(a!) y) -> ()");
+  m.def("quant_dequantize(Tensor qweight, Tensor scales, Tensor? offsets, int group_size, Tensor(a!) out) -> ()");
   m.def("decode_attention(Tensor q, bool q_bf16, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor seq_lens, float scale, Tensor(a!) out) -> ()");
   m.def("silu_and_mul(Tensor gate, Tensor up, Tensor(a!) out) -> ()");
@@ -568,6 +638,8 @@ TORCH_LIBRARY(tandem, m) {
   // What this build runs, for the launchers' choices: no tensors, so one kernel for every dispatch key.
   m.def("panel_gemm_dtypes() -> int", &panel_gemm_dtypes);
   m.def("amx_ready() -> bool", &amx_ready);
+  m.def("lora_shrink(Tensor x, Tensor lora_a, Tensor indices, Tensor(a!) out) -> ()");
+  m.def("lora_expand(Tensor s, Tensor lora_b, Tensor lora_bias, Tensor indices, Tensor(a!) y) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tandem, CPU, m) {
@@ -581,9 +653,11 @@ TORCH_LIBRARY_IMPL(tandem, CPU, m) {
   m.impl("small_gemm", &small_gemm);
   m.impl("panel_gemm", &panel_gemm);
   m.impl("amx_gemm", &amx_gemm);
-  m.impl("int8_gemm", &int8_gemm);
-  m.impl("int4_gemm", &int4_gemm);
+  m.impl("quant_gemm", &quant_gemm);
+  m.impl("quant_dequantize", &quant_dequantize);
   m.impl("decode_attention", &decode_attention);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("store_kv", &store_kv);
+  m.impl("lora_shrink", &lora_shrink);
+  m.impl("lora_expand", &lora_expand);
 }

@@ -1,149 +1,272 @@
-/* Weight-only quantized linears for the decode batch: y = x W^T (+ bias) where W is stored as int8 (one
- * value per byte) or int4 (two values per byte, each nibble q + 8), with one float32 scale per output feature
- * and group of `group_size` k (the last group of a row may be partial). int4 rows are laid out in blocks of 16
- * values in 8 bytes: byte j of a block holds value j in its low nibble and value j + 8 in its high one, so
- * that zero-extending 8 bytes to 8 lanes gives values 0..7 (low nibbles) and 8..15 (high nibbles) in order,
- * with no shuffle; a row is padded to whole blocks.
+/* Weight-only quantized linears: y = x W^T (+ bias) where W (N, K) is stored as
+ * - int8 (TANDEM_QUANT_INT8): one value per byte;
+ * - int4 (TANDEM_QUANT_INT4): two values per byte, each nibble q + 8, in blocks of 16 values in 8 bytes: byte j of
+ *   a block holds value j in its low nibble and value j + 8 in its high one, so that zero-extending 8 bytes to 8
+ *   lanes gives values 0..7 (low nibbles) and 8..15 (high nibbles) in order, with no shuffle; a row is padded to
+ *   whole blocks;
+ * - FP8 e4m3fn (TANDEM_QUANT_FP8): one value per byte (no infinities; 0x7f and 0xff are NaN; subnormals);
+ * with one float32 scale, and optionally one float32 offset, per output feature and group of `group_size` k (the
+ * last group of a row may be partial): w = q * scale (+ offset).
  *
- * In registers, each group's integer values are converted to float32 and multiplied with x, and the group's
- * sum is scaled once at its end: exact products (|q| < 2^8) accumulated in float32, as quant_linear_ref's
- * float32 matmul of the dequantized weight, up to summation order. At one to a few rows the cost is
- * streaming the weights: int8 reads a quarter of float32's bytes, int4 an eighth.
+ * In registers, each group's raw values are converted to float32 and multiplied with x, and the group's sum is
+ * scaled once at its end: exact products accumulated in float32, as quant_linear_ref's float32 matmul of the
+ * dequantized weight, up to summation order. The offsets come in at the end as offset * (the group's sum of x),
+ * one multiply-add per group; int4 is summed as its unsigned nibbles u = q + 8, and its -8 comes in the same way
+ * (as -8 * scale), which saves two subtractions per 16 values. At one to a few rows the cost is streaming the
+ * weights: int8 and FP8 read a quarter of float32's bytes, int4 an eighth.
  *
- * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory
- * once for every row of x (blocks of up to 4 rows of x read them again from L1). */
+ * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory once
+ * for every row of x (blocks of up to 4 rows of x read them again from L1). A prefill runs
+ * tandem_quant_dequantize on panels of rows and a float32 GEMM on each (quant_linear.py). */
 
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "tandem_cpu.h"
 
-#define QUANT_ROWS 4 /* output features per block */
+#define QUANT_ROWS 8 /* output features per block */
 #define QUANT_X_ROWS 4 /* rows of x per pass over a block */
+#define QUANT_ACCUMULATORS 8 /* vector accumulators of a block: ROWS x M */
 
-static inline float quant_at(const uint8_t *row, int bits, int k) {
-    if (bits == 8) return (float)(int8_t)row[k];
+/* FP8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m * 2^-9). */
+static inline float quant_fp8(uint8_t byte) {
+    const int magnitude = byte & 0x7f;
+    float value;
+    if (magnitude == 0x7f) value = NAN;
+    else if (magnitude < 8) value = ldexpf((float)magnitude, -9);
+    else value = ldexpf((float)(8 + (magnitude & 7)), (magnitude >> 3) - 10);
+    return byte & 0x80 ? -value : value;
+}
+
+/* The raw value at k: int8 q, int4 u = q + 8 (the -8 comes in per group), FP8 the value. */
+static inline float quant_at(const uint8_t *row, int format, int k) {
+    if (format == TANDEM_QUANT_INT8) return (float)(int8_t)row[k];
+    if (format == TANDEM_QUANT_FP8) return quant_fp8(row[k]);
     const int byte = row[(k >> 4) * 8 + (k & 7)];
-    return (float)(((k & 8) ? byte >> 4 : byte & 15) - 8);
+    return (float)((k & 8) ? byte >> 4 : byte & 15);
 }
 
 /* Bytes per row of W. */
-static inline int64_t quant_row_bytes(int bits, int K) { return bits == 8 ? K : (K + 15) / 16 * 8; }
+static inline int64_t quant_row_bytes(int format, int K) {
+    return format == TANDEM_QUANT_INT4 ? (int64_t)(K + 15) / 16 * 8 : K;
+}
 
-#if defined(__AVX2__) && defined(__FMA__)
+/* What a raw value is short of q (int4 stores q + 8): added per group as shift * scale * (the group's sum of x). */
+static inline float quant_shift(int format) { return format == TANDEM_QUANT_INT4 ? -8.0f : 0.0f; }
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 
-static inline float quant_sum8(__m256 v) {
+/* The vector path loads FP8 as float16 (bits << 7: exponent and mantissa land in place, subnormals included,
+ * which F16C converts exactly) worth value / 256; the group's scale takes the 256 back. */
+#define QUANT_FP8_UNIT 256.0f
+
+static inline float quant_vector_unit(int format) { return format == TANDEM_QUANT_FP8 ? QUANT_FP8_UNIT : 1.0f; }
+
+#if defined(__AVX512F__)
+/* AVX-512: the 16 values of a step in one vector. Built only where the CPU has AVX-512 (-march=native): the
+ * development machine (AVX2) has never run this branch; tests/kernels/test_quant_linear.py checks it where it
+ * builds. */
+typedef __m512 quant_vec;
+#define QUANT_LANES 16
+#define qv_zero _mm512_setzero_ps
+#define qv_set1 _mm512_set1_ps
+#define qv_loadu _mm512_loadu_ps
+#define qv_storeu _mm512_storeu_ps
+#define qv_fmadd _mm512_fmadd_ps
+#define qv_mul _mm512_mul_ps
+#define qv_add _mm512_add_ps
+static inline float qv_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
+#else
+typedef __m256 quant_vec;
+#define QUANT_LANES 8
+#define qv_zero _mm256_setzero_ps
+#define qv_set1 _mm256_set1_ps
+#define qv_loadu _mm256_loadu_ps
+#define qv_storeu _mm256_storeu_ps
+#define qv_fmadd _mm256_fmadd_ps
+#define qv_mul _mm256_mul_ps
+#define qv_add _mm256_add_ps
+static inline float qv_sum(__m256 v) {
     const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
+#endif
+#define QUANT_VECS (16 / QUANT_LANES) /* vectors per step of 16 values */
 
-/* The 16 values of a row from k (a multiple of 16 for int4) as two vectors of 8 floats, not yet scaled. */
-static inline __attribute__((always_inline)) void quant_load16(const uint8_t *row, int BITS, int k, __m256 *lo,
-                                                               __m256 *hi) {
-    if (BITS == 8) {
-        *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
-        *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k + 8))));
-        return;
-    }
-    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2)));
-    const __m256i eight = _mm256_set1_epi32(8);
-    *lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(bytes, _mm256_set1_epi32(15)), eight));
-    *hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bytes, 4), eight));
+/* FP8 bytes (16-bit lanes) as float16 bits worth value / 256: 0x7f / 0xff (NaN) all ones, a float16 NaN. */
+static inline __m256i quant_fp8_halves(__m256i bytes) {
+    const __m256i magnitude = _mm256_and_si256(bytes, _mm256_set1_epi16(0x7f));
+    const __m256i half = _mm256_or_si256(_mm256_slli_epi16(magnitude, 7),
+                                         _mm256_slli_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(0x80)), 8));
+    return _mm256_or_si256(half, _mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x7f)));
 }
 
-/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows; ROWS * M <= 4 vector accumulators, each its
- * own chain of multiply-adds. Inlined where BITS, ROWS and M are constants, so each case is unrolled. */
+/* The 16 raw values of a row from k (a multiple of 16 for int4) as QUANT_VECS vectors (FP8: / 256). */
+static inline __attribute__((always_inline)) void quant_load16(const uint8_t *row, int FORMAT, int k,
+                                                               quant_vec *v) {
+#if defined(__AVX512F__)
+    if (FORMAT == TANDEM_QUANT_INT8) {
+        v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + k))));
+    } else if (FORMAT == TANDEM_QUANT_FP8) {
+        v[0] = _mm512_cvtph_ps(quant_fp8_halves(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + k)))));
+    } else { /* the block's 8 bytes in lanes 0-7 and again in 8-15: low nibbles, then high ones */
+        const __m128i eight = _mm_loadl_epi64((const __m128i *)(row + k / 2));
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(eight, eight));
+        const __m512i shifts = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+        v[0] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(bytes, shifts), _mm512_set1_epi32(15)));
+    }
+#else
+    if (FORMAT == TANDEM_QUANT_INT8) {
+        v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
+        v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k + 8))));
+    } else if (FORMAT == TANDEM_QUANT_FP8) {
+        const __m256i half = quant_fp8_halves(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + k))));
+        v[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(half));
+        v[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
+    } else {
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2)));
+        v[0] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+        v[1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+    }
+#endif
+}
+
+/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows (raw values, scaled per group); ROWS * M <= 8
+ * vector accumulators, each its own chain of multiply-adds. Inlined where FORMAT, ROWS and M are constants, so
+ * each case is unrolled. */
 static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, int64_t row_bytes,
                                                               const float *scales, int groups, int group_size,
-                                                              int BITS, int64_t n, int K, const float *x, int M,
+                                                              int FORMAT, int64_t n, int K, const float *x, int M,
                                                               int ROWS, float *dots) {
-    __m256 total[QUANT_ROWS];
-    float tail_total[QUANT_ROWS] = {0};
-#pragma GCC unroll 4
-    for (int i = 0; i < ROWS * M; i++) total[i] = _mm256_setzero_ps();
+    const int value_bytes = FORMAT == TANDEM_QUANT_INT4 ? 2 : 1; /* values per byte's step in k */
+    const float unit = quant_vector_unit(FORMAT);
+    quant_vec total[QUANT_ACCUMULATORS];
+    float tail_total[QUANT_ACCUMULATORS] = {0};
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS * M; i++) total[i] = qv_zero();
     for (int g = 0; g < groups; g++) {
         const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
-        __m256 acc[QUANT_ROWS];
-        float tail[QUANT_ROWS] = {0};
-#pragma GCC unroll 4
-        for (int i = 0; i < ROWS * M; i++) acc[i] = _mm256_setzero_ps();
+        quant_vec acc[QUANT_ACCUMULATORS];
+        float tail[QUANT_ACCUMULATORS] = {0};
+#pragma GCC unroll 8
+        for (int i = 0; i < ROWS * M; i++) acc[i] = qv_zero();
         int k = k0;
         for (; k + 16 <= k1; k += 16) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < ROWS; r++) {
                 /* The same place in the next block's rows: a row of a few hundred bytes ends before the
                  * hardware prefetcher has followed it. (A prefetch past the weights' end does not fault.) */
-                _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + (BITS == 8 ? k : k / 2)), _MM_HINT_T0);
-                __m256 lo, hi;
-                quant_load16(w + (n + r) * row_bytes, BITS, k, &lo, &hi);
+                if (((k / value_bytes) & 63) < 16 / value_bytes)  /* once per cache line */
+                    _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / value_bytes), _MM_HINT_T0);
+                quant_vec values[QUANT_VECS];
+                quant_load16(w + (n + r) * row_bytes, FORMAT, k, values);
 #pragma GCC unroll 4
                 for (int m = 0; m < M; m++) {
                     const float *xs = x + (int64_t)m * K + k;
-                    acc[m * ROWS + r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xs), acc[m * ROWS + r]);
-                    acc[m * ROWS + r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xs + 8), acc[m * ROWS + r]);
+#pragma GCC unroll 2
+                    for (int v = 0; v < QUANT_VECS; v++)
+                        acc[m * ROWS + r] = qv_fmadd(values[v], qv_loadu(xs + v * QUANT_LANES), acc[m * ROWS + r]);
                 }
             }
         }
+        const int has_tail = k < k1; /* small groups (GGUF's 16 and 32) have none: skip its scalar work */
         for (; k < k1; k++)
             for (int r = 0; r < ROWS; r++) {
-                const float weight = quant_at(w + (n + r) * row_bytes, BITS, k);
+                const float weight = quant_at(w + (n + r) * row_bytes, FORMAT, k);
                 for (int m = 0; m < M; m++) tail[m * ROWS + r] += weight * x[(int64_t)m * K + k];
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < ROWS * M; i++) {
             const float scale = scales[(n + i % ROWS) * groups + g];
-            total[i] = _mm256_fmadd_ps(acc[i], _mm256_set1_ps(scale), total[i]);
-            tail_total[i] += tail[i] * scale;
+            total[i] = qv_fmadd(acc[i], qv_set1(scale * unit), total[i]);
+            if (has_tail) tail_total[i] += tail[i] * scale;
         }
     }
-#pragma GCC unroll 4
-    for (int i = 0; i < ROWS * M; i++) dots[i] = quant_sum8(total[i]) + tail_total[i];
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS * M; i++) dots[i] = qv_sum(total[i]) + tail_total[i];
 }
 
-/* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x. */
+/* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x, in blocks of
+ * ROWS features (8 vector accumulators: 8 x 1, 4 x 2, 2 x 3, 2 x 4) and the rest one at a time. */
+static inline __attribute__((always_inline)) void quant_tiles(const uint8_t *w, int64_t row_bytes,
+                                                              const float *scales, int groups, int group_size,
+                                                              int FORMAT, int64_t n, int count, int K,
+                                                              const float *x, int M, int ROWS, float *dots) {
+    int r0 = 0;
+    for (; r0 + ROWS <= count; r0 += ROWS) {
+        float tile[QUANT_ROWS * QUANT_X_ROWS];
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, M, ROWS, tile);
+        for (int m = 0; m < M; m++)
+            for (int r = 0; r < ROWS; r++) dots[m * count + r0 + r] = tile[m * ROWS + r];
+    }
+    for (; r0 < count; r0++) {
+        float one[QUANT_X_ROWS];
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, M, 1, one);
+        for (int m = 0; m < M; m++) dots[m * count + r0] = one[m];
+    }
+}
+
 static inline __attribute__((always_inline)) void quant_rows(const uint8_t *w, int64_t row_bytes,
                                                              const float *scales, int groups, int group_size,
-                                                             int BITS, int64_t n, int count, int K, const float *x,
-                                                             int M, float *dots) {
-    if (M == 1 && count == 4) {
-        quant_block(w, row_bytes, scales, groups, group_size, BITS, n, K, x, 1, 4, dots);
-        return;
-    }
-    if (M == 2 && count % 2 == 0) {
-        for (int r0 = 0; r0 < count; r0 += 2) {
-            float two[4];
-            quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r0, K, x, 2, 2, two);
-            for (int m = 0; m < 2; m++)
-                for (int r = 0; r < 2; r++) dots[m * count + r0 + r] = two[m * 2 + r];
-        }
-        return;
-    }
-    for (int r = 0; r < count; r++) {
-        float one[QUANT_X_ROWS];
-        switch (M) {
-        case 1: quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r, K, x, 1, 1, one); break;
-        case 2: quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r, K, x, 2, 1, one); break;
-        case 3: quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r, K, x, 3, 1, one); break;
-        default: quant_block(w, row_bytes, scales, groups, group_size, BITS, n + r, K, x, 4, 1, one); break;
-        }
-        for (int m = 0; m < M; m++) dots[m * count + r] = one[m];
+                                                             int FORMAT, int64_t n, int count, int K,
+                                                             const float *x, int M, float *dots) {
+    switch (M) {
+    case 1: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 1, 8, dots); break;
+    case 2: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 2, 4, dots); break;
+    case 3: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 3, 2, dots); break;
+    default: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 4, 2, dots); break;
     }
 }
 
-static void quant_rows8(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
-                        int64_t n, int count, int K, const float *x, int M, float *dots) {
-    quant_rows(w, row_bytes, scales, groups, group_size, 8, n, count, K, x, M, dots);
+static void quant_dots(const uint8_t *w, int format, int64_t row_bytes, const float *scales, int groups,
+                       int group_size, int64_t n, int count, int K, const float *x, int M, float *dots) {
+    switch (format) {
+    case TANDEM_QUANT_INT8:
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT8, n, count, K, x, M, dots);
+        break;
+    case TANDEM_QUANT_INT4:
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT4, n, count, K, x, M, dots);
+        break;
+    default:
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_FP8, n, count, K, x, M, dots);
+        break;
+    }
 }
 
-static void quant_rows4(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
-                        int64_t n, int count, int K, const float *x, int M, float *dots) {
-    quant_rows(w, row_bytes, scales, groups, group_size, 4, n, count, K, x, M, dots);
+/* Row n of W dequantized as the reference does it, q * scale (offsets not yet added), into out[0..K). */
+static inline __attribute__((always_inline)) void quant_expand_row(const uint8_t *row, const float *scales,
+                                                                   int groups, int group_size, int FORMAT, int K,
+                                                                   float *out) {
+    const float unit = quant_vector_unit(FORMAT), shift = quant_shift(FORMAT);
+    for (int g = 0; g < groups; g++) {
+        const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
+        const quant_vec scale = qv_set1(scales[g] * unit);
+        int k = k0;
+        for (; k + 16 <= k1; k += 16) {
+            quant_vec values[QUANT_VECS];
+            quant_load16(row, FORMAT, k, values);
+            for (int v = 0; v < QUANT_VECS; v++)
+                qv_storeu(out + k + v * QUANT_LANES, qv_mul(qv_add(values[v], qv_set1(shift)), scale));
+        }
+        for (; k < k1; k++) out[k] = (quant_at(row, FORMAT, k) + shift) * scales[g];
+    }
+}
+
+static void quant_expand(const uint8_t *row, int format, const float *scales, int groups, int group_size, int K,
+                         float *out) {
+    switch (format) {
+    case TANDEM_QUANT_INT8: quant_expand_row(row, scales, groups, group_size, TANDEM_QUANT_INT8, K, out); break;
+    case TANDEM_QUANT_INT4: quant_expand_row(row, scales, groups, group_size, TANDEM_QUANT_INT4, K, out); break;
+    default: quant_expand_row(row, scales, groups, group_size, TANDEM_QUANT_FP8, K, out); break;
+    }
 }
 #else
 /* The portable path: the same sums, one weight at a time. */
-static void quant_portable(const uint8_t *w, int bits, int64_t row_bytes, const float *scales, int groups,
-                           int group_size, int64_t n, int count, int K, const float *x, int M, float *dots) {
+static void quant_dots(const uint8_t *w, int format, int64_t row_bytes, const float *scales, int groups,
+                       int group_size, int64_t n, int count, int K, const float *x, int M, float *dots) {
     for (int r = 0; r < count; r++) {
         const uint8_t *row = w + (n + r) * row_bytes;
         for (int m = 0; m < M; m++) {
@@ -151,7 +274,7 @@ static void quant_portable(const uint8_t *w, int bits, int64_t row_bytes, const 
             for (int g = 0; g < groups; g++) {
                 const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
                 float sum = 0.0f;
-                for (int k = k0; k < k1; k++) sum += quant_at(row, bits, k) * x[(int64_t)m * K + k];
+                for (int k = k0; k < k1; k++) sum += quant_at(row, format, k) * x[(int64_t)m * K + k];
                 total += sum * scales[(n + r) * groups + g];
             }
             dots[m * count + r] = total;
@@ -159,23 +282,46 @@ static void quant_portable(const uint8_t *w, int bits, int64_t row_bytes, const 
     }
 }
 
-static void quant_rows8(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
-                        int64_t n, int count, int K, const float *x, int M, float *dots) {
-    quant_portable(w, 8, row_bytes, scales, groups, group_size, n, count, K, x, M, dots);
-}
-
-static void quant_rows4(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
-                        int64_t n, int count, int K, const float *x, int M, float *dots) {
-    quant_portable(w, 4, row_bytes, scales, groups, group_size, n, count, K, x, M, dots);
+static void quant_expand(const uint8_t *row, int format, const float *scales, int groups, int group_size, int K,
+                         float *out) {
+    for (int g = 0; g < groups; g++) {
+        const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
+        for (int k = k0; k < k1; k++) out[k] = (quant_at(row, format, k) + quant_shift(format)) * scales[g];
+    }
 }
 #endif
 
-void tandem_quant_gemm(const uint8_t *w, int bits, const float *scales, int group_size, const float *x,
-                       const float *bias, float *y, int M, int N, int K, int num_threads) {
+/* What each group adds besides its scaled raw values: offset + shift * scale, times the group's sum of x. */
+static inline float quant_group_terms(const float *scales, const float *offsets, float shift, int groups,
+                                      const float *xsums) {
+    float sums[4] = {0};
+    int g = 0;
+    for (; g + 4 <= groups; g += 4)
+        for (int j = 0; j < 4; j++)
+            sums[j] += ((offsets ? offsets[g + j] : 0.0f) + shift * scales[g + j]) * xsums[g + j];
+    for (; g < groups; g++) sums[0] += ((offsets ? offsets[g] : 0.0f) + shift * scales[g]) * xsums[g];
+    return (sums[0] + sums[1]) + (sums[2] + sums[3]);
+}
+
+void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
+                       const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
     if (M < 1 || N < 1) return;
-    const int64_t row_bytes = quant_row_bytes(bits, K);
+    const int64_t row_bytes = quant_row_bytes(format, K);
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
     const int64_t blocks = (N + QUANT_ROWS - 1) / QUANT_ROWS;
+    const float shift = quant_shift(format);
+    /* Each row's sum of x per group, for the offsets and int4's shift. */
+    float *xsums = NULL;
+    if (offsets || shift != 0.0f) {
+        xsums = malloc(sizeof(float) * (size_t)M * (size_t)(groups > 0 ? groups : 1));
+        for (int m = 0; m < M; m++)
+            for (int g = 0; g < groups; g++) {
+                const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
+                float sum = 0.0f;
+                for (int k = k0; k < k1; k++) sum += x[(int64_t)m * K + k];
+                xsums[(int64_t)m * groups + g] = sum;
+            }
+    }
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t block = 0; block < blocks; block++) {
         const int64_t n = block * QUANT_ROWS;
@@ -184,11 +330,34 @@ void tandem_quant_gemm(const uint8_t *w, int bits, const float *scales, int grou
             const int rows = M - m0 < QUANT_X_ROWS ? M - m0 : QUANT_X_ROWS;
             const float *xs = x + (int64_t)m0 * K;
             float dots[QUANT_ROWS * QUANT_X_ROWS];
-            if (bits == 8) quant_rows8(w, row_bytes, scales, groups, group_size, n, count, K, xs, rows, dots);
-            else quant_rows4(w, row_bytes, scales, groups, group_size, n, count, K, xs, rows, dots);
+            quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, rows, dots);
             for (int m = 0; m < rows; m++)
-                for (int r = 0; r < count; r++)
-                    y[(int64_t)(m0 + m) * N + n + r] = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
+                for (int r = 0; r < count; r++) {
+                    float value = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
+                    if (xsums)
+                        value += quant_group_terms(scales + (n + r) * groups,
+                                                   offsets ? offsets + (n + r) * groups : NULL, shift, groups,
+                                                   xsums + (int64_t)(m0 + m) * groups);
+                    y[(int64_t)(m0 + m) * N + n + r] = value;
+                }
+        }
+    }
+    free(xsums);
+}
+
+void tandem_quant_dequantize(const uint8_t *w, int format, const float *scales, const float *offsets,
+                             int group_size, float *out, int N, int K, int num_threads) {
+    if (N < 1 || K < 1) return;
+    const int64_t row_bytes = quant_row_bytes(format, K);
+    const int groups = (K + group_size - 1) / group_size;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *row = out + n * K;
+        quant_expand(w + n * row_bytes, format, scales + n * groups, groups, group_size, K, row);
+        if (!offsets) continue;
+        for (int g = 0; g < groups; g++) {
+            const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
+            for (int k = k0; k < k1; k++) row[k] += offsets[n * groups + g];
         }
     }
 }

@@ -51,11 +51,18 @@ void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, con
                      int M, int N, int K, int num_threads);
 #define TANDEM_INT4_BLOCK 16 /* int4 values per block of 8 bytes (quant.c); an int4 group is whole blocks */
 
-/* quant.c: y = x W^T (+ bias), W int8 (bits 8: (N, K)) or int4 (bits 4: (N, ceil(K / 16) * 8), blocks of 16
- * values in 8 bytes, byte j holding value j in its low nibble and j + 8 in its high one, each q + 8), scales
- * (N, groups of group_size k; the last may be partial); group_size a multiple of 16 for int4. */
-void tandem_quant_gemm(const uint8_t *w, int bits, const float *scales, int group_size, const float *x,
-                       const float *bias, float *y, int M, int N, int K, int num_threads);
+/* quant.c's weight formats: int8 (N, K); int4 (N, ceil(K / 16) * 8), blocks of 16 values in 8 bytes, byte j
+ * holding value j in its low nibble and j + 8 in its high one, each q + 8; FP8 e4m3fn (N, K). */
+#define TANDEM_QUANT_INT8 8
+#define TANDEM_QUANT_INT4 4
+#define TANDEM_QUANT_FP8 1
+/* quant.c: y = x W^T (+ bias), W = q * scale (+ offset) with scales and offsets (or NULL) float32 (N, groups of
+ * group_size k; the last may be partial); group_size a multiple of 16 for int4, or at least K. */
+void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
+                       const float *x, const float *bias, float *y, int M, int N, int K, int num_threads);
+/* quant.c: W dequantized into out, float32 (N, K). */
+void tandem_quant_dequantize(const uint8_t *w, int format, const float *scales, const float *offsets,
+                             int group_size, float *out, int N, int K, int num_threads);
 void tandem_decode_attention(const void *k, const void *v, int bf16, int64_t page_stride, int64_t token_stride,
                              int64_t head_stride, int block_size, const int32_t *block_table, int64_t table_stride,
                              const int32_t *seq_lens, int num_seqs, int num_q_heads, int num_kv_heads, int head_dim,
@@ -67,6 +74,13 @@ void tandem_store_kv(const void *key, int64_t key_token_stride, int64_t key_head
                      int64_t page_stride, int64_t token_stride, int64_t head_stride, int block_size,
                      const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int elem_bytes,
                      int num_threads);
+
+/* lora.c: batched LoRA over float32 slot pools (runtime/kernels/lora.py); rows in skip_slot are left alone. */
+void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const int64_t *indices, int64_t skip_slot,
+                        int rows, int rank, int dim, float *out, int num_threads);
+void tandem_lora_expand(const float *s, const float *b, const float *bias, const int64_t *indices, int64_t skip_slot,
+                        int rows, int rank, int out_features, void *y, int y_bf16, int64_t y_stride,
+                        int num_threads);
 
 #ifdef __cplusplus
 }

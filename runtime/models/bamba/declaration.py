@@ -71,7 +71,7 @@ class BambaForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA2})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.bamba.model:BambaForCausalLM"
     defaults = MAMBA2_HYBRID_DEFAULTS
 

@@ -43,7 +43,7 @@ class FalconH1ForCausalLM(BambaForCausalLM):
     layer_kinds = frozenset({LayerKind.PARALLEL})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.falcon_h1.model:FalconH1ForCausalLM"
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "mamba_d_ssm": 1024}
 

@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.common import LORA_NO_DT_PROJ, ON_ENGINE, capabilities
 from runtime.models.interface import LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import mamba1_state_shape
 
@@ -51,7 +51,7 @@ class FalconMambaForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.MAMBA1})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=LORA_NO_DT_PROJ)
     implementation = "runtime.models.falcon_mamba.model:FalconMambaForCausalLM"
     defaults = FALCON_MAMBA_DEFAULTS
 

@@ -14,7 +14,7 @@ class GraniteForCausalLM(LlamaForCausalLM):
     example_models = ("ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct")
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.llama.model:GraniteForCausalLM"
 
     @classmethod

@@ -9,7 +9,7 @@ from runtime.models.bamba.declaration import (
     Mamba2HybridDims,
     mamba2_hybrid_fields,
 )
-from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.common import LORA_NO_EXPERTS, ON_ENGINE, capabilities
 from runtime.models.dims import read_dims
 from runtime.models.interface import LayerKind, supported
 
@@ -61,7 +61,7 @@ class GraniteMoeHybridForCausalLM(BambaForCausalLM):
     example_models = ("ibm-granite/granite-4.0-h-tiny", "ibm-granite/granite-4.0-h-small")
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=LORA_NO_EXPERTS)
     implementation = "runtime.models.granitemoehybrid.model:GraniteMoeHybridForCausalLM"
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "num_key_value_heads": None}
 

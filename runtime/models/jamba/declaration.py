@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.common import LORA_NO_EXPERTS_DT_PROJ, ON_ENGINE, capabilities
 from runtime.models.dims import AttentionDims, attention_fields, read_dims
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import kv_shape, mamba1_state_shape
@@ -39,7 +39,7 @@ class JambaForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA1})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=LORA_NO_EXPERTS_DT_PROJ)
     implementation = "runtime.models.jamba.model:JambaForCausalLM"
     defaults = {
         "hidden_size": 4096,

@@ -61,7 +61,7 @@ class Lfm2ForCausalLM(ModelDeclaration):
     state_name = "short-conv state"
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.lfm2.model:Lfm2ForCausalLM"
     defaults = LFM2_DEFAULTS
 

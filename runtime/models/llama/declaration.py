@@ -29,7 +29,7 @@ class LlamaForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.ATTENTION})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.llama.model:LlamaForCausalLM"
     defaults = {"num_attention_heads": 32, "num_hidden_layers": 32, "hidden_size": 4096}
 

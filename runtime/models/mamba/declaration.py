@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 
 from runtime.hf_config import HFConfig
-from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.common import LORA_NO_DT_PROJ, ON_ENGINE, capabilities
 from runtime.models.dims import read_dims
 from runtime.models.interface import LayerKind, ModelDeclaration, supported
 from runtime.models.shapes import mamba1_state_shape
@@ -39,7 +39,7 @@ class MambaForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.MAMBA1})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=LORA_NO_DT_PROJ)
     implementation = "runtime.models.mamba.model:MambaForCausalLM"
     defaults = {"hidden_size": 768, "num_hidden_layers": 32, "state_size": 16, "conv_kernel": 4, "expand": 2}
 

@@ -44,7 +44,7 @@ class Mamba2ForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.MAMBA2})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.mamba2.model:Mamba2ForCausalLM"
     defaults = {
         "hidden_size": 4096,

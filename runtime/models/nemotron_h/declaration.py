@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.common import LORA_NO_EXPERTS, ON_ENGINE, capabilities
 from runtime.models.dims import read_dims
 from runtime.models.granitemoehybrid.declaration import layers_from_types
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
@@ -77,7 +77,7 @@ class NemotronHForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.MAMBA2, LayerKind.MLP})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=LORA_NO_EXPERTS)
     implementation = "runtime.models.nemotron_h.model:NemotronHForCausalLM"
     # vLLM keeps Nemotron-H's SSM state in float32 unless told otherwise ("only float32 is known to
     # have no accuracy issues"); NVIDIA's newer configs say so with mamba_ssm_cache_dtype.

@@ -50,7 +50,7 @@ class Qwen3NextDims:
 # runtime/distributed/sharding.py splits their layers and tests/distributed/test_tp_parity.py proves it.
 GATED_DELTANET_TP_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                               tensor_parallel=supported(),
-                                              pipeline_parallel=supported())
+                                              pipeline_parallel=supported(), lora=supported())
 
 
 def moe_layers(cfg: HFConfig, num_layers: int) -> tuple[bool, ...]:

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.hf_config import ConfigError, HFConfig
-from runtime.models.common import ON_ENGINE, capabilities
+from runtime.models.common import LORA_ZAMBA2, ON_ENGINE, capabilities
 from runtime.models.dims import RopeDims, read_dims, read_rope
 from runtime.models.granitemoehybrid.declaration import layers_from_types
 from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
@@ -66,7 +66,7 @@ class Zamba2ForCausalLM(ModelDeclaration):
     layer_kinds = frozenset({LayerKind.MAMBA2, LayerKind.HYBRID})
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported(),
-                                pipeline_parallel=supported())
+                                pipeline_parallel=supported(), lora=LORA_ZAMBA2)
     implementation = "runtime.models.zamba2.model:Zamba2ForCausalLM"
     defaults = {
         "hidden_size": 2560,

@@ -1,0 +1,88 @@
+/* Batched LoRA for the CPU (Punica's BGMV; runtime/kernels/lora.py holds the torch reference and the contract):
+ * every token row multiplies by the adapter in its own slot of a float32 pool.
+ *
+ *   shrink: s[t, r] = sum_k x[t, k] A[slot[t], r, k]
+ *   expand: y[t, n] += sum_r B[slot[t], n, r] s[t, r] + bias[slot[t], n]
+ *
+ * Rows in `skip_slot` (the pool's zero slot, the base model's rows) are skipped: the shrink writes zeros and
+ * the expand leaves y as it is, which is what adding the zero slot's zeros gives, bit for bit. Threads split
+ * the rows (shrink) and rows times blocks of output features (expand); each sum runs over 16 lanes, which
+ * GCC vectorises without reassociating anything it was not told to. */
+
+#include <stdint.h>
+#include <string.h>
+
+#include "tandem_cpu.h"
+
+#define LORA_LANES 16
+#define LORA_BLOCK_N 64 /* output features per expand task */
+
+static inline float lora_bf16_load(const uint16_t *p) {
+    uint32_t bits = (uint32_t)(*p) << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* Round to nearest even, as torch's float32 -> bfloat16 conversion (NaN stays NaN). */
+static inline uint16_t lora_bf16_store(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float lora_dot(const float *a, const float *x, int n) {
+    float lanes[LORA_LANES] = {0};
+    int i = 0;
+    for (; i + LORA_LANES <= n; i += LORA_LANES)
+        for (int j = 0; j < LORA_LANES; j++) lanes[j] += a[i + j] * x[i + j];
+    float total = 0.0f;
+    for (int j = 0; j < LORA_LANES; j++) total += lanes[j];
+    for (; i < n; i++) total += a[i] * x[i];
+    return total;
+}
+
+void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const int64_t *indices, int64_t skip_slot,
+                        int rows, int rank, int dim, float *out, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows > 1 && num_threads > 1)
+    for (int t = 0; t < rows; t++) {
+        const int64_t slot = indices[t];
+        float *s = out + (int64_t)t * rank;
+        if (slot == skip_slot) {
+            memset(s, 0, sizeof(float) * rank);
+            continue;
+        }
+        const float *row = x + t * x_stride, *pool = a + slot * rank * (int64_t)dim;
+        for (int r = 0; r < rank; r++) s[r] = lora_dot(pool + (int64_t)r * dim, row, dim);
+    }
+}
+
+void tandem_lora_expand(const float *s, const float *b, const float *bias, const int64_t *indices, int64_t skip_slot,
+                        int rows, int rank, int out_features, void *y, int y_bf16, int64_t y_stride,
+                        int num_threads) {
+    const int blocks = (out_features + LORA_BLOCK_N - 1) / LORA_BLOCK_N;
+    const int64_t tasks = (int64_t)rows * blocks;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (tasks > 1 && num_threads > 1)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int t = (int)(task / blocks), n0 = (int)(task % blocks) * LORA_BLOCK_N;
+        const int64_t slot = indices[t];
+        if (slot == skip_slot) continue;
+        const int n1 = n0 + LORA_BLOCK_N < out_features ? n0 + LORA_BLOCK_N : out_features;
+        const float *sr = s + (int64_t)t * rank, *pool = b + slot * out_features * (int64_t)rank;
+        const float *add = bias + slot * out_features;
+        for (int n = n0; n < n1; n++) {
+            float delta = add[n];
+            const float *w = pool + (int64_t)n * rank;
+            for (int r = 0; r < rank; r++) delta += w[r] * sr[r];
+            if (y_bf16) {
+                uint16_t *p = (uint16_t *)y + t * y_stride + n;
+                *p = lora_bf16_store(lora_bf16_load(p) + delta);
+            } else {
+                float *p = (float *)y + t * y_stride + n;
+                *p += delta;
+            }
+        }
+    }
+}

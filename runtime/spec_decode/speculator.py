@@ -1,0 +1,138 @@
+"""The engine's side of speculative decoding, per step: propose, checkpoint, settle. Pure Python.
+
+Rollback is checkpoint-and-replay. Attention needs nothing: a rejected draft's K and V sit past the
+sequence's computed length and are overwritten by the tokens that follow. A state layer (Mamba-1, Mamba-2,
+Gated DeltaNet, short conv, the state half of a parallel or shared-attention hybrid) has folded every
+verified position into its one state, so before a verify step each drafted sequence's state pages are
+copied into checkpoint pages (one page id per state group per sequence, borrowed from the free pages for
+the step; the pool must hold them besides a sequence, which start-up checks). When all
+drafts hold, the state after the step is the state after them and nothing else happens. When one is
+rejected, the checkpoint is copied back and the sequence's computed length returns to where the step
+began: the next step recomputes the accepted tokens from that state, together with its new drafts (the
+replay shares the next forward pass, so it costs tokens in a step, not a step).
+"""
+
+from __future__ import annotations
+
+from runtime.cache.manager import CacheManager
+from runtime.scheduler import Batch
+from runtime.sequence import Sequence
+from runtime.spec_decode import ngram
+from runtime.spec_decode.config import SpeculativeConfig
+from runtime.spec_decode.verify import SpecCounters, num_accepted
+
+
+# A verify step runs the prefill path (and, for a captured engine, eagerly), and a rejection replays the
+# accepted tokens: a draft that fails costs about 2-4 plain decode steps (bench/speculative.py). So a
+# request whose verify keeps fewer than half its drafts stops proposing for 4, 8, 16, ... MAX_PAUSE steps,
+# until a verify keeps all its drafts; this changes which steps verify, never the tokens.
+FIRST_PAUSE, MAX_PAUSE = 4, 64
+
+
+def _back_off(seq: Sequence, accepted: int, num_drafts: int) -> None:
+    pause = seq.spec_backoff[1]
+    if 2 * accepted < num_drafts:
+        pause = min(MAX_PAUSE, 2 * pause or FIRST_PAUSE)
+        seq.spec_backoff = (pause, pause)
+    elif accepted == num_drafts:
+        seq.spec_backoff = (0, 0)
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, num_state_groups: int, max_model_len: int):
+        self.config = config
+        self.num_state_groups = num_state_groups
+        self.max_model_len = max_model_len
+        self.counters = SpecCounters()
+        self._extra: dict[str, int] = {}  # request id -> drafts to count as computed once appended
+
+    # Before scheduling --------------------------------------------------------------------------
+
+    def propose(self, running: list[Sequence]) -> None:
+        for seq in running:
+            seq.spec_token_ids = self._drafts(seq)
+
+    def _drafts(self, seq: Sequence) -> list[int]:
+        # A grammar would have to accept each draft before it is scored; such requests decode one at a time.
+        if seq.grammar is not None or seq.num_computed_tokens < len(seq.prompt_token_ids):
+            return []
+        left, pause = seq.spec_backoff
+        if left:
+            seq.spec_backoff = (left - 1, pause)
+            return []
+        room = min(self.config.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
+        if seq.params.max_tokens is not None:  # the last sampled token comes on top of the drafts
+            room = min(room, seq.params.max_tokens - len(seq.output_token_ids) - 1)
+        if room < 1:
+            return []
+        return ngram.propose(seq.token_ids, room, self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+
+    # After scheduling ---------------------------------------------------------------------------
+
+    def checkpoint(self, batch: Batch, cache: CacheManager) -> list[tuple[int, int]]:
+        """Keep the drafts the budget left room for; the page copies that checkpoint drafted states, into
+        pages borrowed for the step. A sequence that finds no free pages for them verifies no drafts."""
+        copies = []
+        for i, seq in enumerate(batch.seqs):
+            n = batch.num_new_tokens[i]
+            seq.spec_token_ids = seq.spec_token_ids[:max(0, seq.num_computed_tokens + n - seq.num_tokens)]
+            if not seq.spec_token_ids or not self.num_state_groups:
+                continue
+            pages = cache.borrow(self.num_state_groups)
+            if pages is None:
+                batch.num_new_tokens[i] -= len(seq.spec_token_ids)
+                seq.spec_token_ids = []
+                continue
+            seq.checkpoint_pages = pages
+            copies.extend(zip(seq.state_pages, pages))
+        return copies
+
+    # After the forward pass ---------------------------------------------------------------------
+
+    def settle(self, batch: Batch, seqs: list[Sequence], tokens: list[list[int] | None]) -> tuple[list[int],
+                                                                                                 list[tuple[int, int]]]:
+        """Per sampled sequence, how many of its rows to keep; and the copies that restore rejected states.
+
+        `tokens`: per sequence, the token sampled at each row (None where sampling failed). Each drafted
+        sequence's count in `batch` becomes what the cache holds correctly after the step."""
+        index = {id(seq): i for i, seq in enumerate(batch.seqs)}
+        keep, restores = [], []
+        for seq, sampled in zip(seqs, tokens):
+            drafts = seq.spec_token_ids
+            if not drafts:
+                keep.append(1)
+                continue
+            i = index[id(seq)]
+            if sampled is None:  # the request fails; its count must still stay within its tokens
+                batch.num_new_tokens[i] -= len(drafts)
+                keep.append(1)
+                continue
+            accepted = num_accepted(drafts, sampled)
+            self.counters.observe(len(drafts), accepted)
+            _back_off(seq, accepted, len(drafts))
+            if seq.spec_counters is None:
+                seq.spec_counters = SpecCounters()
+            seq.spec_counters.observe(len(drafts), accepted)
+            keep.append(accepted + 1)
+            if self.num_state_groups and accepted < len(drafts):
+                batch.num_new_tokens[i] = 0  # back to the checkpoint: the next step replays from it
+                restores.extend(zip(seq.checkpoint_pages, seq.state_pages))
+                self._extra[seq.request_id] = 0
+            else:
+                batch.num_new_tokens[i] -= len(drafts)  # the drafts count once they are tokens
+                self._extra[seq.request_id] = accepted
+        return keep, restores
+
+    def release(self, batch: Batch, cache: CacheManager) -> None:
+        """After the step's copies ran: the checkpoint pages go back to the pool."""
+        for seq in batch.seqs:
+            cache.give_back(seq.checkpoint_pages)
+            seq.checkpoint_pages = []
+
+    def advance(self, seqs: list[Sequence]) -> None:
+        """After the accepted drafts were appended: they are computed (their KV and state are in the cache)."""
+        for seq in seqs:
+            extra = self._extra.pop(seq.request_id, 0)
+            if not seq.is_finished:
+                seq.num_computed_tokens += extra
+            seq.spec_token_ids = []
