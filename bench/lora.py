@@ -5,9 +5,9 @@ sequence with one adapter against the base model's.
     python bench/lora.py --model path/to/checkpoint --seqs 8 --steps 4
 
 Adapters of rank --rank on every linear PEFT can target are made with `peft` (random weights) next to the
-checkpoint. Each case runs --repeats times: a run adds its requests, prefills them in one step, then times
---steps decode steps (captured ones included, as the engine runs by default); a run's figure is its median step,
-and the table holds the median of the runs. Base and LoRA runs use the same engine (enable_lora=True), whose base
+checkpoint. Each case runs --repeats times, base and LoRA in turns: a run adds its requests, prefills them in one
+step, then times --steps decode steps (captured ones included, as the engine runs by default); a run's figure is
+its median step, and the table holds the median of the runs. Base and LoRA runs use the same engine (enable_lora=True), whose base
 rows skip the adapters entirely.
 """
 
@@ -67,9 +67,13 @@ def decode_step_ms(llm, loras: list, steps: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def measure(llm, loras: list, steps: int, repeats: int) -> float:
-    decode_step_ms(llm, loras, steps)  # a warm-up run: graphs are captured the second time a batch size runs
-    return statistics.median(decode_step_ms(llm, loras, steps) for _ in range(repeats))
+def measure(llm, base: list, adapted: list, steps: int, repeats: int) -> tuple[float, float]:
+    """Medians of the base and the LoRA runs, taken in turns (A B A B ...), so that a machine whose load changes
+    slows both alike."""
+    for loras in (base, adapted):
+        decode_step_ms(llm, loras, steps)  # a warm-up run: graphs are captured the second time a batch size runs
+    runs = [(decode_step_ms(llm, base, steps), decode_step_ms(llm, adapted, steps)) for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| case | base | LoRA | ratio |")
     print("| --- | --- | --- | --- |")
     for label, base, adapted in cases:
-        base_ms = measure(llm, base, args.steps, args.repeats)
-        lora_ms = measure(llm, adapted, args.steps, args.repeats)
+        base_ms, lora_ms = measure(llm, base, adapted, args.steps, args.repeats)
         print(f"| {label} | {base_ms:.2f} | {lora_ms:.2f} | {lora_ms / base_ms:.2f}x |")
     return 0
 

@@ -59,7 +59,7 @@ def valid_arguments(op: str) -> list:
     if op == "lora_shrink":  # 3 rows, 2 adapters and the zero slot, rank 4, 8 inputs
         return [r(3, 8), r(3, 4, 8), torch.tensor([0, 2, 1]), torch.empty(3, 4)]
     if op == "lora_expand":  # 3 rows, rank 4, 6 outputs
-        return [r(3, 4), r(3, 6, 4), r(3, 6), torch.tensor([1, 2, 0]), r(3, 6)]
+        return [r(3, 4), r(3, 4, 6), r(3, 6), torch.tensor([1, 2, 0]), r(3, 6)]
     raise AssertionError(op)
 
 
@@ -135,7 +135,7 @@ WRONG_SHAPES = [
     ("int8_gemm", "qweight", (6, 9)), ("int8_gemm", "scales", (6, 2)), ("int8_gemm", "y", (2, 7)),
     ("int4_gemm", "qweight", (6, 20)), ("int4_gemm", "scales", (6, 2)), ("int4_gemm", "bias", (5,)),
     ("lora_shrink", "lora_a", (3, 4, 9)), ("lora_shrink", "indices", (2,)), ("lora_shrink", "out", (3, 5)),
-    ("lora_expand", "lora_b", (3, 6, 5)), ("lora_expand", "lora_bias", (3, 7)), ("lora_expand", "y", (3, 7)),
+    ("lora_expand", "lora_b", (3, 5, 6)), ("lora_expand", "lora_bias", (3, 7)), ("lora_expand", "y", (3, 7)),
 ]
 
 

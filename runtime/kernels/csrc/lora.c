@@ -2,7 +2,7 @@
  * every token row multiplies by the adapter in its own slot of a float32 pool.
  *
  *   shrink: s[t, r] = sum_k x[t, k] A[slot[t], r, k]
- *   expand: y[t, n] += sum_r B[slot[t], n, r] s[t, r] + bias[slot[t], n]
+ *   expand: y[t, n] += sum_r s[t, r] B[slot[t], r, n] + bias[slot[t], n]     (B stored (R, out): rows of it added)
  *
  * Rows in `skip_slot` (the pool's zero slot, the base model's rows) are skipped: the shrink writes zeros and
  * the expand leaves y as it is, which is what adding the zero slot's zeros gives, bit for bit. Threads split
@@ -70,18 +70,21 @@ void tandem_lora_expand(const float *s, const float *b, const float *bias, const
         const int64_t slot = indices[t];
         if (slot == skip_slot) continue;
         const int n1 = n0 + LORA_BLOCK_N < out_features ? n0 + LORA_BLOCK_N : out_features;
-        const float *sr = s + (int64_t)t * rank, *pool = b + slot * out_features * (int64_t)rank;
+        const float *sr = s + (int64_t)t * rank, *pool = b + slot * (int64_t)rank * out_features;
         const float *add = bias + slot * out_features;
+        float delta[LORA_BLOCK_N];
+        for (int n = n0; n < n1; n++) delta[n - n0] = add[n];
+        for (int r = 0; r < rank; r++) {
+            const float sv = sr[r], *w = pool + (int64_t)r * out_features;
+            for (int n = n0; n < n1; n++) delta[n - n0] += sv * w[n];
+        }
         for (int n = n0; n < n1; n++) {
-            float delta = add[n];
-            const float *w = pool + (int64_t)n * rank;
-            for (int r = 0; r < rank; r++) delta += w[r] * sr[r];
             if (y_bf16) {
                 uint16_t *p = (uint16_t *)y + t * y_stride + n;
-                *p = lora_bf16_store(lora_bf16_load(p) + delta);
+                *p = lora_bf16_store(lora_bf16_load(p) + delta[n - n0]);
             } else {
                 float *p = (float *)y + t * y_stride + n;
-                *p += delta;
+                *p += delta[n - n0];
             }
         }
     }
