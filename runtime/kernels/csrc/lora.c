@@ -6,8 +6,8 @@
  *
  * Rows in `skip_slot` (the pool's zero slot, the base model's rows) are skipped: the shrink writes zeros and
  * the expand leaves y as it is, which is what adding the zero slot's zeros gives, bit for bit. Threads split
- * the rows (shrink) and rows times blocks of output features (expand); each sum runs over 16 lanes, which
- * GCC vectorises without reassociating anything it was not told to. */
+ * the rows (shrink) and rows times blocks of output features (expand), for calls large enough to pay; the
+ * shrink's sums run over 16 lanes and the expand adds rows of B, which GCC vectorises as written. */
 
 #include <stdint.h>
 #include <string.h>
@@ -16,6 +16,9 @@
 
 #define LORA_LANES 16
 #define LORA_BLOCK_N 64 /* output features per expand task */
+/* Below this many multiply-adds a call runs on one thread: waking the team costs more than it saves (a batch-1
+ * decode step calls the two kernels for every linear of the model). */
+#define LORA_PARALLEL_MIN 262144
 
 static inline float lora_bf16_load(const uint16_t *p) {
     uint32_t bits = (uint32_t)(*p) << 16;
@@ -46,7 +49,8 @@ static inline float lora_dot(const float *a, const float *x, int n) {
 
 void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const int64_t *indices, int64_t skip_slot,
                         int rows, int rank, int dim, float *out, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows > 1 && num_threads > 1)
+#pragma omp parallel for num_threads(num_threads) schedule(static) \
+    if (rows > 1 && num_threads > 1 && (int64_t)rows * rank * dim >= LORA_PARALLEL_MIN)
     for (int t = 0; t < rows; t++) {
         const int64_t slot = indices[t];
         float *s = out + (int64_t)t * rank;
@@ -64,7 +68,8 @@ void tandem_lora_expand(const float *s, const float *b, const float *bias, const
                         int num_threads) {
     const int blocks = (out_features + LORA_BLOCK_N - 1) / LORA_BLOCK_N;
     const int64_t tasks = (int64_t)rows * blocks;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (tasks > 1 && num_threads > 1)
+#pragma omp parallel for num_threads(num_threads) schedule(static) \
+    if (tasks > 1 && num_threads > 1 && (int64_t)rows * rank * out_features >= LORA_PARALLEL_MIN)
     for (int64_t task = 0; task < tasks; task++) {
         const int t = (int)(task / blocks), n0 = (int)(task % blocks) * LORA_BLOCK_N;
         const int64_t slot = indices[t];
