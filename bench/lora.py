@@ -7,8 +7,8 @@ sequence with one adapter against the base model's.
 Adapters of rank --rank on every linear PEFT can target are made with `peft` (random weights) next to the
 checkpoint. Each case runs --repeats times, base and LoRA in turns: a run adds its requests, prefills them in one
 step, then times --steps decode steps (captured ones included, as the engine runs by default); a run's figure is
-its median step, and the table holds the median of the runs. Base and LoRA runs use the same engine (enable_lora=True), whose base
-rows skip the adapters entirely.
+its median step, and the table holds the median of the runs. Base and LoRA runs use the same engine
+(enable_lora=True), whose base rows skip the adapters entirely.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 `lora_shrink`: s[t] = x[t] @ A[slot[t]].T, `lora_expand`: y[t] += s[t] @ B[slot[t]] + bias[slot[t]]. The
 slots are a fixed pool per linear (runtime/lora/layer.py): A and B zero-padded to the engine's max_lora_rank,
 B already multiplied by the adapter's scale, and one last slot of zeros that rows of the base model point at,
-so no row needs a branch. B is stored (R, out), PEFT's lora_B transposed: the expand adds whole rows of it. Many adapters in one batch cost one pass over the rows, not a loop over adapters
-or merged weights. The shrink's output is float32; the expand adds in float32 and rounds once into y.
+so no row needs a branch. B is stored (R, out), PEFT's lora_B transposed: the expand adds whole rows of it.
+Many adapters in one batch cost one pass over the rows, not a loop over adapters or merged weights. The
+shrink's output is float32; the expand adds in float32 and rounds once into y.
 """
 
 from __future__ import annotations
