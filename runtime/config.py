@@ -145,7 +145,8 @@ class EngineConfig:
         plan=True))
     # LoRA adapters (vLLM's spellings): the slots are allocated when the engine starts.
     enable_lora: bool = field(default=False, metadata=option(
-        "serve LoRA adapters (PEFT's format) per request; see docs/features/lora.md", plan=True))
+        "serve LoRA adapters (PEFT's format) per request; see docs/features/lora.md", plan=True,
+        plan_help="print the memory the LoRA slots take (--max-loras of --max-lora-rank), per rank"))
     max_loras: int = field(default=1, metadata=option(
         "adapters one step may use at most: the slots on the device", metavar="N", plan=True))
     max_lora_rank: int = field(default=16, metadata=option(

@@ -1,10 +1,11 @@
 """Batched LoRA (Punica's BGMV): every token row multiplies by the adapter in its own slot, in one pass.
 
-`lora_shrink`: s[t] = x[t] @ A[slot[t]].T, `lora_expand`: y[t] += s[t] @ B[slot[t]].T + bias[slot[t]]. The
+`lora_shrink`: s[t] = x[t] @ A[slot[t]].T, `lora_expand`: y[t] += s[t] @ B[slot[t]] + bias[slot[t]]. The
 slots are a fixed pool per linear (runtime/lora/layer.py): A and B zero-padded to the engine's max_lora_rank,
 B already multiplied by the adapter's scale, and one last slot of zeros that rows of the base model point at,
-so no row needs a branch. Many adapters in one batch cost one pass over the rows, not a loop over adapters
-or merged weights. The shrink's output is float32; the expand adds in float32 and rounds once into y.
+so no row needs a branch. B is stored (R, out), PEFT's lora_B transposed: the expand adds whole rows of it.
+Many adapters in one batch cost one pass over the rows, not a loop over adapters or merged weights. The
+shrink's output is float32; the expand adds in float32 and rounds once into y.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ def lora_shrink_ref(x: Tensor, lora_a: Tensor, indices: Tensor) -> Tensor:
 
 
 def lora_expand_ref(s: Tensor, lora_b: Tensor, lora_bias: Tensor, indices: Tensor, y: Tensor) -> None:
-    """y += s @ B[slot].T + bias[slot], per row, in place. s: (T, R) float32; lora_b: (S, out, R) float32;
+    """y += s @ B[slot] + bias[slot], per row, in place. s: (T, R) float32; lora_b: (S, R, out) float32;
     lora_bias: (S, out) float32; indices: (T,) int64; y: (T, out) any float dtype (a view is fine)."""
     _check_expand(s, lora_b, lora_bias, indices, y)
     for start in range(0, s.shape[0], ROWS_PER_GATHER):
         rows = slice(start, start + ROWS_PER_GATHER)
-        b = lora_b.index_select(0, indices[rows])  # (t, out, R)
-        delta = torch.bmm(b, s[rows].unsqueeze(-1)).squeeze(-1) + lora_bias.index_select(0, indices[rows])
+        b = lora_b.index_select(0, indices[rows])  # (t, R, out)
+        delta = torch.bmm(s[rows].unsqueeze(1), b).squeeze(1) + lora_bias.index_select(0, indices[rows])
         y[rows] = (y[rows].float() + delta).to(y.dtype)
 
 
@@ -46,9 +47,10 @@ def _check_shrink(x: Tensor, lora_a: Tensor, indices: Tensor) -> None:
 
 
 def _check_expand(s: Tensor, lora_b: Tensor, lora_bias: Tensor, indices: Tensor, y: Tensor) -> None:
-    assert s.dim() == 2 and s.dtype == torch.float32 and lora_b.dim() == 3 and lora_b.shape[2] == s.shape[1]
+    assert s.dim() == 2 and s.dtype == torch.float32 and lora_b.dim() == 3 and lora_b.shape[1] == s.shape[1]
     assert lora_b.dtype == torch.float32 and lora_b.is_contiguous() and lora_bias.is_contiguous()
-    assert lora_bias.shape == lora_b.shape[:2] and y.shape == (s.shape[0], lora_b.shape[1]), (y.shape, lora_b.shape)
+    out_features = lora_b.shape[2]
+    assert lora_bias.shape == (lora_b.shape[0], out_features) and y.shape == (s.shape[0], out_features), y.shape
     assert indices.dtype == torch.int64 and indices.shape == (s.shape[0],)
 
 
@@ -75,7 +77,7 @@ def lora_expand_triton(s: Tensor, lora_b: Tensor, lora_bias: Tensor, indices: Te
     """lora_expand_ref as one Triton kernel: a program per row and block of output features."""
     _check_expand(s, lora_b, lora_bias, indices, y)
     rows, rank = s.shape
-    out_features = lora_b.shape[1]
+    out_features = lora_b.shape[2]
     if rows == 0:
         return
     grid = (rows, triton.cdiv(out_features, BLOCK_N))
@@ -109,7 +111,7 @@ def _lora_expand_kernel(s, lora_b, lora_bias, indices, y, out_features, rank, st
     slot = tl.load(indices + row).to(tl.int64)
     r = tl.arange(0, BLOCK_R)
     sr = tl.load(s + row * rank + r, mask=r < rank, other=0.0)
-    b = tl.load(lora_b + slot * out_features * rank + n[:, None] * rank + r[None, :],
+    b = tl.load(lora_b + slot * rank * out_features + r[None, :] * out_features + n[:, None],
                 mask=(n[:, None] < out_features) & (r[None, :] < rank), other=0.0)
     delta = tl.sum(b * sr[None, :], axis=1)
     delta += tl.load(lora_bias + slot * out_features + n, mask=n < out_features, other=0.0)

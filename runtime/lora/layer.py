@@ -2,7 +2,7 @@
 
 Every linear of the decoder (not the LM head, not MoE experts) is wrapped when the engine starts with
 enable_lora, so an adapter loads into slots that already exist (the memory is fixed at start, as vLLM's).
-Slots hold float32 A (S + 1, R, in), B (S + 1, out, R) and a bias (S + 1, out), zero-padded to
+Slots hold float32 A (S + 1, R, in), B (S + 1, R, out) and a bias (S + 1, out), zero-padded to
 max_lora_rank; the last slot stays zero for the rows of the base model. Under tensor parallelism a slot
 holds this rank's part, cut like the base layer's weight: a column-parallel linear's B rows and bias, a
 row-parallel linear's A columns (its partial sums are added up by the all-reduce after it, as the base's).
@@ -35,7 +35,7 @@ class LoRALinear(nn.Module):
         device = _device(base)
         f32 = dict(dtype=torch.float32, device=device)
         self.register_buffer("lora_a", torch.zeros(num_slots + 1, max_rank, self.in_features, **f32), persistent=False)
-        self.register_buffer("lora_b", torch.zeros(num_slots + 1, self.out_features, max_rank, **f32),
+        self.register_buffer("lora_b", torch.zeros(num_slots + 1, max_rank, self.out_features, **f32),
                              persistent=False)
         self.register_buffer("lora_bias", torch.zeros(num_slots + 1, self.out_features, **f32), persistent=False)
         base_bias = getattr(base, "bias", None)
@@ -75,7 +75,7 @@ class LoRALinear(nn.Module):
         elif self.shard is not None:
             a = _cut(self.shard, a, 1)
         self.lora_a[slot, :rank].copy_(a)
-        self.lora_b[slot, :, :rank].copy_(b)
+        self.lora_b[slot, :rank].copy_(b.T)
         if weights.bias is not None:
             self.lora_bias[slot].copy_(self._cut_bias(weights.bias))
         if weights.replaced_bias is not None:

@@ -20,7 +20,7 @@ def pools(slots: int, rank: int, dim: int, out: int, seed: int, device: str = "c
     """Random A, B and bias for `slots` adapters plus the zero slot (last)."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(slots + 1, rank, dim, generator=g)
-    b = torch.randn(slots + 1, out, rank, generator=g)
+    b = torch.randn(slots + 1, rank, out, generator=g)
     bias = torch.randn(slots + 1, out, generator=g)
     for t in (a, b, bias):
         t[-1] = 0
@@ -34,10 +34,10 @@ def rows(count: int, slots: int, seed: int, device: str = "cpu") -> torch.Tensor
 
 
 def loop_oracle(x, a, b, bias, indices, y):
-    """y + x @ A.T @ B.T + bias, one row at a time, in float64."""
+    """y + x @ A.T @ B + bias, one row at a time, in float64 (B stored (rank, out))."""
     out = y.double().clone()
     for t, slot in enumerate(indices.tolist()):
-        out[t] += (x[t].double() @ a[slot].double().T) @ b[slot].double().T + bias[slot].double()
+        out[t] += (x[t].double() @ a[slot].double().T) @ b[slot].double() + bias[slot].double()
     return out
 
 

@@ -60,7 +60,7 @@ def valid_arguments(op: str) -> list:
     if op == "lora_shrink":  # 3 rows, 2 adapters and the zero slot, rank 4, 8 inputs
         return [r(3, 8), r(3, 4, 8), torch.tensor([0, 2, 1]), torch.empty(3, 4)]
     if op == "lora_expand":  # 3 rows, rank 4, 6 outputs
-        return [r(3, 4), r(3, 6, 4), r(3, 6), torch.tensor([1, 2, 0]), r(3, 6)]
+        return [r(3, 4), r(3, 4, 6), r(3, 6), torch.tensor([1, 2, 0]), r(3, 6)]
     raise AssertionError(op)
 
 
@@ -138,7 +138,7 @@ WRONG_SHAPES = [
     ("quant_dequantize", "qweight", (6, 9)), ("quant_dequantize", "scales", (6, 2)),
     ("quant_dequantize", "out", (7, 8)),
     ("lora_shrink", "lora_a", (3, 4, 9)), ("lora_shrink", "indices", (2,)), ("lora_shrink", "out", (3, 5)),
-    ("lora_expand", "lora_b", (3, 6, 5)), ("lora_expand", "lora_bias", (3, 7)), ("lora_expand", "y", (3, 7)),
+    ("lora_expand", "lora_b", (3, 5, 6)), ("lora_expand", "lora_bias", (3, 7)), ("lora_expand", "y", (3, 7)),
 ]
 
 

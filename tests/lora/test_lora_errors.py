@@ -64,7 +64,8 @@ CASES = [
     ("other-base", lambda tmp, good: variant(tmp, good, "other-base", wider),
      "model.layers.0.mlp.down_proj: shapes (4, 192) and (64, 4) do not fit"),
     ("rank", lambda tmp, good: variant(tmp, good, "rank", higher_rank), "rank 8 is more than max_lora_rank=4"),
-    ("dora", lambda tmp, good: variant(tmp, good, "dora", config={"use_dora": True}), "DoRA (use_dora) is not supported"),
+    ("dora", lambda tmp, good: variant(tmp, good, "dora", config={"use_dora": True}),
+     "DoRA (use_dora) is not supported"),
     ("dora-tensor", lambda tmp, good: variant(tmp, good, "dora-tensor", dora), "DoRA (lora_magnitude_vector)"),
     ("not-lora", lambda tmp, good: variant(tmp, good, "not-lora", config={"peft_type": "IA3"}), "peft_type 'IA3'"),
 ]

@@ -2,12 +2,12 @@
  * every token row multiplies by the adapter in its own slot of a float32 pool.
  *
  *   shrink: s[t, r] = sum_k x[t, k] A[slot[t], r, k]
- *   expand: y[t, n] += sum_r B[slot[t], n, r] s[t, r] + bias[slot[t], n]
+ *   expand: y[t, n] += sum_r s[t, r] B[slot[t], r, n] + bias[slot[t], n]     (B stored (R, out): rows of it added)
  *
  * Rows in `skip_slot` (the pool's zero slot, the base model's rows) are skipped: the shrink writes zeros and
  * the expand leaves y as it is, which is what adding the zero slot's zeros gives, bit for bit. Threads split
- * the rows (shrink) and rows times blocks of output features (expand); each sum runs over 16 lanes, which
- * GCC vectorises without reassociating anything it was not told to. */
+ * the rows (shrink) and rows times blocks of output features (expand), for calls large enough to pay; the
+ * shrink's sums run over 16 lanes and the expand adds rows of B, which GCC vectorises as written. */
 
 #include <stdint.h>
 #include <string.h>
@@ -16,6 +16,9 @@
 
 #define LORA_LANES 16
 #define LORA_BLOCK_N 64 /* output features per expand task */
+/* Below this many multiply-adds a call runs on one thread: waking the team costs more than it saves (a batch-1
+ * decode step calls the two kernels for every linear of the model). */
+#define LORA_PARALLEL_MIN 262144
 
 static inline float lora_bf16_load(const uint16_t *p) {
     uint32_t bits = (uint32_t)(*p) << 16;
@@ -46,7 +49,8 @@ static inline float lora_dot(const float *a, const float *x, int n) {
 
 void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const int64_t *indices, int64_t skip_slot,
                         int rows, int rank, int dim, float *out, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows > 1 && num_threads > 1)
+#pragma omp parallel for num_threads(num_threads) schedule(static) \
+    if (rows > 1 && num_threads > 1 && (int64_t)rows * rank * dim >= LORA_PARALLEL_MIN)
     for (int t = 0; t < rows; t++) {
         const int64_t slot = indices[t];
         float *s = out + (int64_t)t * rank;
@@ -64,24 +68,28 @@ void tandem_lora_expand(const float *s, const float *b, const float *bias, const
                         int num_threads) {
     const int blocks = (out_features + LORA_BLOCK_N - 1) / LORA_BLOCK_N;
     const int64_t tasks = (int64_t)rows * blocks;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (tasks > 1 && num_threads > 1)
+#pragma omp parallel for num_threads(num_threads) schedule(static) \
+    if (tasks > 1 && num_threads > 1 && (int64_t)rows * rank * out_features >= LORA_PARALLEL_MIN)
     for (int64_t task = 0; task < tasks; task++) {
         const int t = (int)(task / blocks), n0 = (int)(task % blocks) * LORA_BLOCK_N;
         const int64_t slot = indices[t];
         if (slot == skip_slot) continue;
         const int n1 = n0 + LORA_BLOCK_N < out_features ? n0 + LORA_BLOCK_N : out_features;
-        const float *sr = s + (int64_t)t * rank, *pool = b + slot * out_features * (int64_t)rank;
+        const float *sr = s + (int64_t)t * rank, *pool = b + slot * (int64_t)rank * out_features;
         const float *add = bias + slot * out_features;
+        float delta[LORA_BLOCK_N];
+        for (int n = n0; n < n1; n++) delta[n - n0] = add[n];
+        for (int r = 0; r < rank; r++) {
+            const float sv = sr[r], *w = pool + (int64_t)r * out_features;
+            for (int n = n0; n < n1; n++) delta[n - n0] += sv * w[n];
+        }
         for (int n = n0; n < n1; n++) {
-            float delta = add[n];
-            const float *w = pool + (int64_t)n * rank;
-            for (int r = 0; r < rank; r++) delta += w[r] * sr[r];
             if (y_bf16) {
                 uint16_t *p = (uint16_t *)y + t * y_stride + n;
-                *p = lora_bf16_store(lora_bf16_load(p) + delta);
+                *p = lora_bf16_store(lora_bf16_load(p) + delta[n - n0]);
             } else {
                 float *p = (float *)y + t * y_stride + n;
-                *p += delta;
+                *p += delta[n - n0];
             }
         }
     }

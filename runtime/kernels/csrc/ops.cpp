@@ -561,7 +561,7 @@ int64_t panel_gemm_dtypes() { return tandem_panel_gemm_dtypes(); }
 
 bool amx_ready() { return tandem_amx_ready() != 0; }
 
-// Batched LoRA (lora.c). The pools are float32 (S, R, in), (S, out, R), (S, out); the last slot is the zero slot
+// Batched LoRA (lora.c). The pools are float32 (S, R, in), (S, R, out), (S, out); the last slot is the zero slot
 // the base model's rows point at, and the kernels skip those rows.
 void lora_indices(const Args &args, const Tensor &indices, int64_t rows, int64_t slots) {
   args.tensor("indices", indices, {ScalarType::Long}, 1);
@@ -596,17 +596,17 @@ void lora_expand(const Tensor &s, const Tensor &lora_b, const Tensor &lora_bias,
   args.contiguous("s", s);
   args.tensor("lora_b", lora_b, {ScalarType::Float}, 3);
   args.contiguous("lora_b", lora_b);
-  args.shape("lora_b", lora_b, {lora_b.size(0), lora_b.size(1), s.size(1)});
+  args.shape("lora_b", lora_b, {lora_b.size(0), s.size(1), lora_b.size(2)});
   args.tensor("lora_bias", lora_bias, {ScalarType::Float}, 2);
-  args.shape("lora_bias", lora_bias, {lora_b.size(0), lora_b.size(1)});
+  args.shape("lora_bias", lora_bias, {lora_b.size(0), lora_b.size(2)});
   args.contiguous("lora_bias", lora_bias);
   lora_indices(args, indices, s.size(0), lora_b.size(0));
   args.tensor("y", y, kNative, 2);
-  args.shape("y", y, {s.size(0), lora_b.size(1)});
+  args.shape("y", y, {s.size(0), lora_b.size(2)});
   args.contiguous_from("y", y, 1);
   tandem_lora_expand(s.data_ptr<float>(), lora_b.data_ptr<float>(), lora_bias.data_ptr<float>(),
                      indices.data_ptr<int64_t>(), lora_b.size(0) - 1, args.count("s", s.size(0)),
-                     args.count("s", s.size(1)), args.count("lora_b", lora_b.size(1)), y.data_ptr(), bf16(y),
+                     args.count("s", s.size(1)), args.count("lora_b", lora_b.size(2)), y.data_ptr(), bf16(y),
                      y.stride(0), threads());
 }
 
