@@ -38,6 +38,10 @@ TARGETS = (
     Target("plan-prefix-caching", "plan_example.md.j2",
            configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",
                                 "--enable-prefix-caching")).collect),
+    Target("plan-speculative", "plan_example.md.j2",
+           configs.PlanExample(("docs/configs/ibm-ai-platform__Bamba-9B", "--dtype", "bfloat16",
+                                "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}',
+                                "--kv-cache-memory", "8GiB", "--max-model-len", "4096")).collect),
 )
 IDS = tuple(target.id for target in TARGETS)
 assert len(set(IDS)) == len(IDS), "target ids are unique"
