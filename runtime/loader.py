@@ -24,6 +24,7 @@ from runtime.distributed.sharding import shard_model
 from runtime.dtypes import DTYPES
 from runtime.layers.parallel import Shard
 from runtime.models.causal_lm import CausalLM
+from runtime.quant import loading as quant_loading
 
 # Buffers that older checkpoints saved and that HF and vLLM skip on load: we compute them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -136,12 +137,17 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     tp = config.tensor_parallel_size
     # With tensor parallelism, parameters are built on the meta device (no memory), narrowed to this
     # rank's shard, and only then allocated: a rank never holds more than its part of the weights.
-    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1):
+    # A quantized checkpoint's linears never get float memory either: they are swapped for placeholders first.
+    quant = config.checkpoint_quantization
+    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1 or quant is not None):
         model = cls(config.dims)
+    files = checkpoint_files(config.model_dir)
+    pending = quant_loading.install(model, quant_loading.plan(model, quant, files)) if quant is not None else {}
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
     allocate_parameters(model, device)
     model.tie_weights()
-    load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp)
+    load_weights(model, files, shards, state.rank(), tp, pending)
+    quant_loading.finish(model, pending, device)
     return model.eval()
 
 
@@ -162,14 +168,15 @@ def _read_shard(shard: Shard, load: Callable[[], torch.Tensor], lazy: Callable[[
 
 
 def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | None = None, rank: int = 0,
-                 tp: int = 1) -> None:
-    """Fill every parameter from the checkpoint; a sharded one (`shards`, for `rank` of `tp`) reads only its part."""
+                 tp: int = 1, pending: dict[str, Any] | None = None) -> None:
+    """Fill every parameter from the checkpoint; a sharded one (`shards`, for `rank` of `tp`) reads only its part;
+    the tensors of a quantized linear (`pending`, runtime.quant.loading) are kept for its conversion."""
     params, shards = dict(model.named_parameters()), shards or {}
     loaded, unexpected = set(), []
     for path in files:
         for name, load, lazy in read_tensors(path):
             target = None if name.endswith(IGNORED_SUFFIXES) else model.checkpoint_name(name)
-            if target is None:
+            if target is None or (pending and quant_loading.route(pending, target, name, load)):
                 continue
             if target not in params:
                 unexpected.append(name)

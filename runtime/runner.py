@@ -16,6 +16,7 @@ from runtime.decode_graph import DecodeGraphs
 from runtime.heap import keep_freed_memory
 from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
+from runtime.kernels.quant_linear import SCHEMES
 from runtime.layers.linear import pack_linears
 from runtime.layers.quantized import quantize_linears, weight_bytes
 from runtime.loader import build_model
@@ -76,7 +77,7 @@ class ModelRunner:
         self.kernel_backend = kernels.bind(backend, self.device, compile_cpu=compile_pays(self.layout))
         logger.info("kernel backend: %s on %s", self.kernel_backend, self.device)
         self.model = build_model(config, self.device)
-        if config.quantization is not None:  # before packing: the quantized linears are packed no more
+        if config.quantization in SCHEMES:  # before packing: the quantized linears are packed no more
             count = quantize_linears(self.model, config.quantization)
             logger.info("quantized %d linears to %s: weights %.1f MiB", count, config.quantization,
                         weight_bytes(self.model) / 2**20)

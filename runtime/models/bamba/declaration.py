@@ -72,6 +72,7 @@ class BambaForCausalLM(ModelDeclaration):
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported())
     implementation = "runtime.models.bamba.model:BambaForCausalLM"
+    quantizations = ("int8", "int4", "compressed-tensors")
     defaults = MAMBA2_HYBRID_DEFAULTS
 
     @classmethod

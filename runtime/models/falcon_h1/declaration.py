@@ -44,6 +44,7 @@ class FalconH1ForCausalLM(BambaForCausalLM):
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported())
     implementation = "runtime.models.falcon_h1.model:FalconH1ForCausalLM"
+    quantizations = ("compressed-tensors",)
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "mamba_d_ssm": 1024}
 
     @classmethod

@@ -62,6 +62,7 @@ class GraniteMoeHybridForCausalLM(BambaForCausalLM):
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported())
     implementation = "runtime.models.granitemoehybrid.model:GraniteMoeHybridForCausalLM"
+    quantizations = ("int8", "int4", "compressed-tensors")
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "num_key_value_heads": None}
 
     @classmethod

@@ -30,6 +30,7 @@ class LlamaForCausalLM(ModelDeclaration):
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported())
     implementation = "runtime.models.llama.model:LlamaForCausalLM"
+    quantizations = ("int8", "int4", "compressed-tensors")
     defaults = {"num_attention_heads": 32, "num_hidden_layers": 32, "hidden_size": 4096}
 
     @classmethod

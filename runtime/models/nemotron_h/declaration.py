@@ -78,6 +78,7 @@ class NemotronHForCausalLM(ModelDeclaration):
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported())
     implementation = "runtime.models.nemotron_h.model:NemotronHForCausalLM"
+    quantizations = ("compressed-tensors",)
     # vLLM keeps Nemotron-H's SSM state in float32 unless told otherwise ("only float32 is known to
     # have no accuracy issues"); NVIDIA's newer configs say so with mamba_ssm_cache_dtype.
     default_ssm_dtype = "float32"

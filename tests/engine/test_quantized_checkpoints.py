@@ -1,0 +1,191 @@
+"""Checkpoints published quantized (`quantization_config` in config.json): FP8 block-wise (`quant_method: fp8`,
+`weight_scale_inv`), compressed-tensors FP8 (`float-quantized`, per channel and per tensor) and W4A16
+(`pack-quantized`, grouped, symmetric and with zero points). Each test quantizes a tiny random HF checkpoint
+itself, from the format's statement (not the engine's code), writes config.json's quantization_config as the FP8
+releases and llm-compressor write it, and runs HF transformers on the weights its own reference dequantizes:
+float32 greedy tokens equal, logprobs within 1e-4."""
+
+import copy
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+from safetensors.torch import load_file, save_file
+from tiny_models import build_deltanet_model, hf_greedy_logprobs
+from torch import nn
+from transformers import AutoTokenizer
+
+from runtime import LLM, SamplingParams
+from runtime.config import EngineConfig
+from runtime.layers.quantized import QuantLinear
+
+PROMPTS = ["The", "A hybrid model mixes attention",
+           "The page pool holds attention blocks and Mamba states of equal size. The scheduler batches"]
+NEW_TOKENS = 10
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5)
+LOGPROB_ATOL = 1e-4
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+# Linears that route tokens to experts: releases leave them unquantized.
+ROUTERS = ("router", "mlp.gate", "shared_expert_gate")
+
+
+# --- The formats, written from their statements -----------------------------------------------------------
+
+def fp8_blocks(w, block):
+    """DeepSeek / Qwen FP8: one float32 scale per (rows x cols) block, scale = max|w| / 448, q = w / scale in
+    e4m3; `weight_scale_inv` is the multiplier that dequantizes. Returns (q, scale_inv, dequantized)."""
+    (n, k), (bn, bk) = w.shape, block
+    scale = torch.empty(math.ceil(n / bn), math.ceil(k / bk))
+    deq, q = torch.empty(n, k), torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            part = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].float()
+            scale[i, j] = part.abs().max() / FP8_MAX
+            qq = (part / scale[i, j]).to(torch.float8_e4m3fn)
+            q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = qq
+            deq[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = qq.float() * scale[i, j]
+    return {"weight": q, "weight_scale_inv": scale}, deq
+
+
+def fp8_channel(w, per_tensor=False):
+    """compressed-tensors float-quantized: scale (N, 1) per output channel (or (1,) per tensor) = max|w| / 448."""
+    amax = w.float().abs().max().reshape(1) if per_tensor else w.float().abs().amax(dim=1, keepdim=True)
+    scale = amax / FP8_MAX
+    q = (w.float() / scale).to(torch.float8_e4m3fn)
+    return {"weight": q, "weight_scale": scale}, q.float() * scale
+
+
+def int4_groups(w, group, symmetric):
+    """compressed-tensors pack-quantized int4 (signed, [-8, 7]): symmetric scale = max|w| / 7.5, q = round(w / s);
+    asymmetric scale = (max - min) / 15 over a range holding 0, zero point z = -8 - round(min / s),
+    q = round(w / s) + z; w = (q - z) * s. Values packed 8 to an int32 along K, zero points along N."""
+    n, k = w.shape
+    g = w.float().view(n, k // group, group)
+    if symmetric:
+        scale = g.abs().amax(dim=2) / 7.5
+        zero = torch.zeros_like(scale)
+    else:
+        lo, hi = g.amin(dim=2).clamp(max=0), g.amax(dim=2).clamp(min=0)
+        scale = (hi - lo) / 15
+        zero = (-8 - torch.round(lo / scale)).clamp(-8, 7)
+    q = (torch.round(g / scale[:, :, None]) + zero[:, :, None]).clamp(-8, 7)
+    deq = ((q - zero[:, :, None]) * scale[:, :, None]).view(n, k)
+    tensors = {"weight_packed": pack_to_int32(q.view(n, k).to(torch.int8), 4),
+               "weight_scale": scale, "weight_shape": torch.tensor([n, k])}
+    if not symmetric:
+        tensors["weight_zero_point"] = pack_to_int32(zero.to(torch.int8), 4, packed_dim=0)
+    return tensors, deq
+
+
+def ct_config(weights, ignore, fmt, activations=None):
+    """quantization_config as llm-compressor writes it."""
+    args = dict(actorder=None, block_structure=None, dynamic=False, group_size=None, observer="minmax",
+                observer_kwargs={}, strategy="channel", symmetric=True, type="int", num_bits=8)
+    return {"config_groups": {"group_0": {"input_activations": activations, "output_activations": None,
+                                          "targets": ["Linear"], "weights": dict(args, **weights), "format": fmt}},
+            "format": fmt, "global_compression_ratio": None, "ignore": ignore, "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors", "quantization_status": "compressed"}
+
+
+FP8_DYNAMIC_ACTS = dict(actorder=None, block_structure=None, dynamic=True, group_size=None, num_bits=8,
+                        observer=None, observer_kwargs={}, strategy="token", symmetric=True, type="float")
+FORMATS = {
+    "fp8-block": (lambda w: fp8_blocks(w, (128, 128)),
+                  lambda ignore: {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                  "weight_block_size": [128, 128], "modules_to_not_convert": ignore}),
+    "fp8-block-32": (lambda w: fp8_blocks(w, (32, 32)),
+                     lambda ignore: {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "weight_block_size": [32, 32]}),
+    "ct-fp8-channel": (fp8_channel, lambda ignore: ct_config(
+        dict(type="float", strategy="channel"), ignore, "float-quantized", FP8_DYNAMIC_ACTS)),
+    "ct-fp8-tensor": (lambda w: fp8_channel(w, per_tensor=True), lambda ignore: ct_config(
+        dict(type="float", strategy="tensor"), ignore, "float-quantized")),
+    "w4a16": (lambda w: int4_groups(w, 32, True), lambda ignore: ct_config(
+        dict(num_bits=4, strategy="group", group_size=32), ignore, "pack-quantized")),
+    "w4a16-asym": (lambda w: int4_groups(w, 32, False), lambda ignore: ct_config(
+        dict(num_bits=4, strategy="group", group_size=32, symmetric=False), ignore, "pack-quantized")),
+}
+
+
+def quantized_copy(source, destination, hf, fmt, dtype=torch.float32):
+    """Write `source`'s checkpoint into `destination` with the decoder linears quantized in `fmt`; return HF's
+    model holding the dequantized weights (cast to `dtype` where the checkpoint is)."""
+    quantize, config_of = FORMATS[fmt]
+    shutil.copytree(source, destination)
+    (shard,) = destination.glob("*.safetensors")
+    tensors = load_file(shard)
+    reference = copy.deepcopy(hf)
+    linears = {name: m for name, m in reference.named_modules() if isinstance(m, nn.Linear)}
+    quantized, ignore = [], ["lm_head"]
+    for name, module in linears.items():
+        key = name + ".weight"
+        if ".layers." not in name or any(r in name for r in ROUTERS) or key not in tensors:
+            if name != "lm_head":
+                ignore.append(name)
+            continue
+        parts, deq = quantize(tensors.pop(key).float())
+        tensors.update({f"{name}.{suffix}": t for suffix, t in parts.items()})
+        with torch.no_grad():
+            module.weight.copy_(deq.to(module.weight.dtype))
+        quantized.append(name)
+    assert quantized
+    save_file(tensors, shard, metadata={"format": "pt"})
+    config = json.loads((destination / "config.json").read_text())
+    config["quantization_config"] = config_of(ignore)
+    (destination / "config.json").write_text(json.dumps(config))
+    return reference
+
+
+@pytest.fixture(scope="session")
+def quantized_checkpoint(tmp_path_factory, tiny_checkpoint, tokenizer_dir):
+    """quantized_checkpoint(name, fmt) -> (directory, HF model on the dequantized weights)."""
+    built = {}
+
+    def make(name, fmt, dtype=torch.float32):
+        if (name, fmt, dtype) not in built:
+            if name.startswith("qwen3"):
+                source = tmp_path_factory.mktemp(name)
+                hf = build_deltanet_model(name, source, tokenizer_dir, dtype=dtype)
+            else:
+                source, hf = tiny_checkpoint(name, **({} if dtype == torch.float32 else {"dtype": dtype}))
+            directory = tmp_path_factory.mktemp(f"{name}-{fmt}") / "model"
+            built[name, fmt, dtype] = directory, quantized_copy(source, directory, hf, fmt, dtype)
+        return built[name, fmt, dtype]
+
+    return make
+
+
+def assert_matches(llm, reference, label, prompts=PROMPTS):
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    for output in outputs:
+        completion = output.outputs[0]
+        expected_tokens, logprobs = hf_greedy_logprobs(reference, output.prompt_token_ids, NEW_TOKENS)
+        assert completion.token_ids == expected_tokens, label
+        for step, top in enumerate(completion.logprobs):
+            ids = sorted(top)
+            got = torch.tensor([top[t].logprob for t in ids])
+            torch.testing.assert_close(got, logprobs[step][ids], atol=LOGPROB_ATOL, rtol=0,
+                                       msg=lambda m: f"{label} step {step}: {m}")
+    return outputs
+
+
+CASES = [("qwen3_next", "fp8-block"), ("qwen3_5", "fp8-block-32"), ("qwen3_5_moe", "fp8-block"),
+         *[(name, fmt) for name in ("llama", "bamba", "granitemoehybrid", "granitemoehybrid-dense-nope", "nemotron_h",
+                                    "falcon_h1") for fmt in ("ct-fp8-channel", "w4a16")],
+         ("llama", "ct-fp8-tensor"), ("bamba", "w4a16-asym"), ("falcon_h1", "w4a16-asym"),
+         ("granitemoehybrid", "w4a16-asym")]
+
+
+@pytest.mark.parametrize("name,fmt", CASES)
+def test_quantized_checkpoint_matches_transformers_on_its_dequantized_weights(name, fmt, quantized_checkpoint):
+    directory, reference = quantized_checkpoint(name, fmt)
+    llm = LLM(directory, dtype="float32")
+    quantized = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantLinear)]
+    assert quantized and all(m.qweight.dtype != torch.float32 for m in quantized)
+    llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # a decode batch size is captured the second time it runs
+    assert_matches(llm, reference, f"{name} {fmt}")
