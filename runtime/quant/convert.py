@@ -108,7 +108,11 @@ def _packed(name: str, fmt: WeightFormat, tensors: dict[str, Tensor], n: int, k:
         zp_packed = _need(name, tensors, "weight_zero_point")
         _check_shape(f"{name}.weight_zero_point", zp_packed.shape, (-(-n // per_word), groups),
                      f"int{fmt.num_bits} zero points of ({n}, {groups}) packed {per_word} to an int32 along outputs")
-        zero = unpack_from_int32(zp_packed, fmt.num_bits, torch.Size((n, groups)), packed_dim=0)
+        # Unpacked along K on a fresh (groups, words) copy: compressed-tensors' packed_dim=0 path fails on one
+        # row of words (a (1, G) tensor's transpose keeps a stride it cannot view as bytes).
+        along_k = torch.empty(groups, zp_packed.shape[0], dtype=torch.int32)
+        along_k.copy_(zp_packed.t())
+        zero = unpack_from_int32(along_k, fmt.num_bits, torch.Size((groups, n))).t()
         offsets = -zero.float() * scales
     qweight = pack_int4(q) if fmt.num_bits == 4 else q.contiguous()
     return qweight, scales.contiguous(), group_size, offsets

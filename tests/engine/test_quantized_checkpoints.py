@@ -105,10 +105,10 @@ FORMATS = {
         dict(type="float", strategy="channel"), ignore, "float-quantized", FP8_DYNAMIC_ACTS)),
     "ct-fp8-tensor": (lambda w: fp8_channel(w, per_tensor=True), lambda ignore: ct_config(
         dict(type="float", strategy="tensor"), ignore, "float-quantized")),
-    "w4a16": (lambda w: int4_groups(w, 32, True), lambda ignore: ct_config(
-        dict(num_bits=4, strategy="group", group_size=32), ignore, "pack-quantized")),
-    "w4a16-asym": (lambda w: int4_groups(w, 32, False), lambda ignore: ct_config(
-        dict(num_bits=4, strategy="group", group_size=32, symmetric=False), ignore, "pack-quantized")),
+    "w4a16": (lambda w: int4_groups(w, 16, True), lambda ignore: ct_config(
+        dict(num_bits=4, strategy="group", group_size=16), ignore, "pack-quantized")),
+    "w4a16-asym": (lambda w: int4_groups(w, 16, False), lambda ignore: ct_config(
+        dict(num_bits=4, strategy="group", group_size=16, symmetric=False), ignore, "pack-quantized")),
 }
 
 
@@ -121,19 +121,24 @@ def quantized_copy(source, destination, hf, fmt, dtype=torch.float32):
     tensors = load_file(shard)
     reference = copy.deepcopy(hf)
     linears = {name: m for name, m in reference.named_modules() if isinstance(m, nn.Linear)}
-    quantized, ignore = [], ["lm_head"]
+    # The routers as recipes name them (HF's are not all nn.Linear; ours are), then every linear left as it is.
+    quantized, ignore = [], ["lm_head", "re:.*router.*", "re:.*mlp[.]gate$", "re:.*shared_expert_gate$"]
     for name, module in linears.items():
-        key = name + ".weight"
+        saved = name if name + ".weight" in tensors else "backbone." + name.removeprefix("model.")  # Nemotron-H's
+        key = saved + ".weight"
         if ".layers." not in name or any(r in name for r in ROUTERS) or key not in tensors:
             if name != "lm_head":
-                ignore.append(name)
+                ignore.append(saved)
             continue
         parts, deq = quantize(tensors.pop(key).float())
-        tensors.update({f"{name}.{suffix}": t for suffix, t in parts.items()})
+        tensors.update({f"{saved}.{suffix}": t for suffix, t in parts.items()})
         with torch.no_grad():
             module.weight.copy_(deq.to(module.weight.dtype))
         quantized.append(name)
     assert quantized
+    # HF holds some families' experts as stacked tensors, not linears (saved per expert or stacked): they stay
+    # unquantized here.
+    ignore += ["re:.*[.]experts[.].*"] if any(".experts." in key and key.endswith(".weight") for key in tensors) else []
     save_file(tensors, shard, metadata={"format": "pt"})
     config = json.loads((destination / "config.json").read_text())
     config["quantization_config"] = config_of(ignore)
