@@ -194,3 +194,90 @@ def test_quantized_checkpoint_matches_transformers_on_its_dequantized_weights(na
     assert quantized and all(m.qweight.dtype != torch.float32 for m in quantized)
     llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # a decode batch size is captured the second time it runs
     assert_matches(llm, reference, f"{name} {fmt}")
+
+
+# --- bfloat16: within the bounds of the bfloat16 parity tests (test_parity.py) ------------------------------
+
+def last_token_logits(llm, ids):
+    """The logits of each prompt's last token, from one batched prefill step, in prompt order."""
+    engine = llm.engine
+    for prompt in ids:
+        engine.add_request({"prompt_token_ids": prompt}, GREEDY)
+    seqs, logits = engine.runner.execute(engine.scheduler.schedule())
+    assert [seq.prompt_token_ids for seq in seqs] == ids
+    return logits
+
+
+@pytest.mark.parametrize("name,fmt", [("bamba", "ct-fp8-channel"), ("bamba", "w4a16-asym"),
+                                      ("qwen3_5", "fp8-block")])
+def test_bfloat16_quantized_checkpoint_stays_close_to_float32(name, fmt, quantized_checkpoint):
+    """A bfloat16 checkpoint quantized (initializer range 1/sqrt(hidden), as test_parity's bfloat16 test): the
+    engine's bfloat16 run loses no more than 0.1 of the logits' range and no more than twice HF's own bfloat16
+    forward of the dequantized weights, against the engine's float32 run of the same file."""
+    directory, reference = quantized_checkpoint(name, fmt, torch.bfloat16)
+    full = LLM(directory, dtype="float32")
+    ids = [full.get_tokenizer().encode(p) for p in PROMPTS]
+    expected = last_token_logits(full, ids)
+    got = last_token_logits(LLM(directory, dtype="bfloat16"), ids)
+    from tiny_models import hf_last_logits
+    hf_rows = torch.stack([hf_last_logits(reference, p) for p in ids])
+    hf_error, error = (hf_rows - expected).abs().max(), (got - expected).abs().max()
+    assert error < 0.1 * expected.abs().max() and error <= 2 * hf_error, (error, hf_error)
+    kept = hf_rows.argmax(-1) == expected.argmax(-1)
+    assert torch.equal(got.argmax(-1)[kept], expected.argmax(-1)[kept])
+
+
+# --- The engine's features keep working on a loaded quantized checkpoint ----------------------------------
+
+def test_chunked_prefill_and_prefix_caching_on_a_quantized_checkpoint(quantized_checkpoint):
+    """Steps of 21 tokens, then a second pass resuming from cached prefixes: HF's tokens and logprobs."""
+    directory, reference = quantized_checkpoint("bamba", "w4a16-asym")
+    llm = LLM(directory, dtype="float32", max_num_batched_tokens=21, enable_prefix_caching=True)
+    assert_matches(llm, reference, "chunked")
+    again = assert_matches(llm, reference, "from the prefix cache")
+    assert again[-1].num_cached_tokens > 0
+
+
+def test_preemption_on_a_quantized_checkpoint(quantized_checkpoint):
+    """A pool that holds the prompts' prefills only: decoding preempts sequences, which are recomputed."""
+    directory, reference = quantized_checkpoint("bamba", "ct-fp8-channel")
+    ids = AutoTokenizer.from_pretrained(directory).encode(PROMPTS[2])
+    prompts = [{"prompt_token_ids": ids[:n]} for n in (30, 40, 44)]
+    layout = EngineConfig(str(directory), dtype="float32").cache
+    num_pages = sum(layout.pages_per_sequence(len(p["prompt_token_ids"])) for p in prompts)
+    llm = LLM(directory, dtype="float32", max_model_len=64, num_pages=num_pages)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                           use_tqdm=False)
+    assert any(output.num_preemptions for output in outputs), "no sequence was preempted"
+    for output in outputs:
+        assert output.outputs[0].token_ids == hf_greedy_logprobs(reference, output.prompt_token_ids, NEW_TOKENS)[0]
+
+
+def test_decode_steps_are_captured_on_a_quantized_checkpoint(quantized_checkpoint):
+    """The asymmetric int4 and FP8 weights run torch's reference inside a captured decode step: the graph is
+    captured, kept, and replays HF's tokens (the enforce_eager run gives the same)."""
+    from runtime.kernels import cpu_native
+    if not cpu_native.available():
+        pytest.skip("captured decode steps need the native CPU library")
+    for fmt in ("w4a16-asym", "ct-fp8-channel"):
+        directory, reference = quantized_checkpoint("llama", fmt)
+        llm = LLM(directory, dtype="float32")
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert_matches(llm, reference, f"{fmt} captured")
+        graphs = llm.engine.runner.graphs
+        assert graphs is not None and not graphs.disabled and graphs.graphs, "no decode step was captured"
+        assert_matches(LLM(directory, dtype="float32", enforce_eager=True), reference, f"{fmt} eager")
+
+
+def test_weights_stay_quantized_and_what_stays_unquantized_follows_the_file(quantized_checkpoint):
+    directory, _ = quantized_checkpoint("granitemoehybrid", "w4a16")
+    model = LLM(directory, dtype="float32").engine.runner.model
+    quantized = {name for name, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert {"model.layers.0.mamba.in_proj", "model.layers.0.mamba.out_proj", "model.layers.1.self_attn.q_proj",
+            "model.layers.0.shared_mlp.input_linear"} <= quantized
+    assert not any("router" in name or "lm_head" in name or "embed" in name for name in quantized)
+    params = dict(model.named_parameters())
+    for name in ("model.layers.0.mamba.A_log", "model.layers.0.mamba.conv1d.weight", "model.embed_tokens.weight",
+                 "model.layers.0.mamba.D", "model.layers.0.mamba.dt_bias"):
+        assert params[name].dtype == torch.float32, name
+    assert all(m.qweight.dtype == torch.uint8 and m.offsets is None for n, m in model.named_modules() if n in quantized)
