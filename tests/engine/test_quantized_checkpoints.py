@@ -281,3 +281,126 @@ def test_weights_stay_quantized_and_what_stays_unquantized_follows_the_file(quan
                  "model.layers.0.mamba.D", "model.layers.0.mamba.dt_bias"):
         assert params[name].dtype == torch.float32, name
     assert all(m.qweight.dtype == torch.uint8 and m.offsets is None for n, m in model.named_modules() if n in quantized)
+
+
+# --- Bad input: one line naming the tensor or the setting, and what is supported ----------------------------
+
+def edited(quantized_checkpoint, tmp_path, name, fmt, config=None, tensors=None):
+    """A copy of a quantized checkpoint with config.json's quantization_config and tensors edited."""
+    directory = tmp_path / "model"
+    shutil.copytree(quantized_checkpoint(name, fmt)[0], directory)
+    raw = json.loads((directory / "config.json").read_text())
+    if config is not None:
+        config(raw["quantization_config"])
+        (directory / "config.json").write_text(json.dumps(raw))
+    if tensors is not None:
+        state = load_file(directory / "model.safetensors")
+        tensors(state)
+        save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+def w8a8(qc):
+    qc["config_groups"]["group_0"]["input_activations"] = dict(FP8_DYNAMIC_ACTS, type="int")  # W8A8, dynamic
+
+
+def group_of(size):
+    def edit(qc):
+        qc["config_groups"]["group_0"]["weights"]["group_size"] = size
+    return edit
+
+
+CONFIG_ERRORS = [
+    (lambda qc: qc.update(quant_method="awq"), "quant_method 'awq' is not supported; supported: quant_method fp8"),
+    (w8a8, "quantizes activations (int8, dynamic), which is not supported"),
+    (lambda qc: qc.update(format="nvfp4-pack-quantized") or qc["config_groups"]["group_0"].update(format=None),
+     "compressed-tensors format 'nvfp4-pack-quantized' (config group 'group_0') is not supported"),
+    (lambda qc: qc.update(kv_cache_scheme=dict(num_bits=8, type="float")), "a quantized KV cache"),
+]
+
+
+@pytest.mark.parametrize("edit,message", CONFIG_ERRORS)
+def test_an_unsupported_quantization_config_is_refused_before_loading(edit, message, quantized_checkpoint, tmp_path):
+    directory = edited(quantized_checkpoint, tmp_path, "llama", "w4a16", config=edit)
+    with pytest.raises(ValueError, match="quantization_config") as err:
+        EngineConfig(str(directory))  # refused with the config: no weight is read
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def shape_of(value):
+    def edit(state):
+        state["model.layers.0.mlp.down_proj.weight_shape"] = torch.tensor(value)
+    return edit
+
+
+TENSOR_ERRORS = [
+    (dict(config=group_of(128)), "model.layers.0.self_attn.q_proj: group_size 128 does not divide its 64 inputs; "
+                                 "supported: group sizes that divide the layer's input size"),
+    (dict(tensors=shape_of([64, 97])), "model.layers.0.mlp.down_proj.weight_shape: the checkpoint has shape (64, 97) "
+                                       "but the model's layer needs (64, 96)"),
+    (dict(tensors=lambda s: s.update({"model.layers.1.self_attn.q_proj.weight_scale":
+                                      s["model.layers.1.self_attn.q_proj.weight_scale"][:, :2].contiguous()})),
+     "model.layers.1.self_attn.q_proj.weight_scale: the checkpoint has shape (64, 2) but one scale per output and "
+     "16 inputs needs (64, 4)"),
+    (dict(tensors=lambda s: s.pop("model.layers.1.self_attn.o_proj.weight_packed")),
+     "model.layers.1.self_attn.o_proj.weight_packed is missing from the checkpoint"),
+]
+
+
+@pytest.mark.parametrize("edit,message", TENSOR_ERRORS)
+def test_a_checkpoint_that_disagrees_with_its_quantization_config_names_the_tensor(edit, message,
+                                                                                   quantized_checkpoint, tmp_path):
+    directory = edited(quantized_checkpoint, tmp_path, "llama", "w4a16", **edit)
+    with pytest.raises(ValueError) as err:
+        LLM(directory, dtype="float32")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_fp8_block_scale_of_the_wrong_shape_names_the_tensor(quantized_checkpoint, tmp_path):
+    name = "model.layers.0.linear_attn.out_proj.weight_scale_inv"
+    directory = edited(quantized_checkpoint, tmp_path, "qwen3_5", "fp8-block-32",
+                       tensors=lambda s: s.update({name: s[name][:1].contiguous()}))
+    with pytest.raises(ValueError, match=f"{name}: the checkpoint has shape .1, 1. but 32x32 blocks needs .2, 1."):
+        LLM(directory, dtype="float32")
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "runtime", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("edit,message", [(dict(config=lambda qc: qc.update(quant_method="awq")),
+                                           "quant_method 'awq' is not supported"),
+                                          TENSOR_ERRORS[0]])
+def test_the_cli_exits_2_with_one_line(edit, message, quantized_checkpoint, tmp_path):
+    directory = edited(quantized_checkpoint, tmp_path, "llama", "w4a16", **edit)
+    result = cli("generate", str(directory), "The", "--max-tokens", "2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+
+
+# --- quantization= names the checkpoint's format, as vLLM lets it ---------------------------------------------
+
+def test_quantization_option_matches_the_checkpoint(quantized_checkpoint, tiny_checkpoint):
+    fp8, _ = quantized_checkpoint("qwen3_5", "fp8-block-32")
+    ct, _ = quantized_checkpoint("llama", "w4a16")
+    assert EngineConfig(str(fp8), quantization="fp8").checkpoint_quantization.method == "fp8"
+    assert EngineConfig(str(ct), quantization="compressed-tensors").checkpoint_quantization.method == \
+        "compressed-tensors"
+    with pytest.raises(ValueError, match="quantization='compressed-tensors' does not match the checkpoint, whose "
+                                         "quantization_config says fp8; pass quantization='fp8' or drop the option"):
+        EngineConfig(str(fp8), quantization="compressed-tensors")
+    with pytest.raises(ValueError, match="quantization='int8': this checkpoint is already quantized"):
+        EngineConfig(str(ct), quantization="int8")
+    with pytest.raises(ValueError, match="quantization='fp8' names a checkpoint format, but config.json has no "
+                                         "quantization_config"):
+        EngineConfig(str(tiny_checkpoint("llama")[0]), quantization="fp8")
+    with pytest.raises(ValueError, match="tensor_parallel_size=2: tensor parallelism with a quantized checkpoint"):
+        EngineConfig(str(ct), tensor_parallel_size=2)
+
+
+def test_the_cli_spells_the_mismatch_as_flags(quantized_checkpoint):
+    directory, _ = quantized_checkpoint("llama", "ct-fp8-channel")
+    result = cli("generate", str(directory), "The", "--quantization", "int4")
+    assert result.returncode == 2 and "--quantization int4: this checkpoint is already quantized" in result.stderr
+    result = cli("plan", str(directory))
+    assert result.returncode == 0 and "compressed-tensors float-quantized checkpoint" in result.stdout, result.stderr
