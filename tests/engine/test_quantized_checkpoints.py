@@ -16,7 +16,7 @@ import pytest
 import torch
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 from safetensors.torch import load_file, save_file
-from tiny_models import build_deltanet_model, hf_greedy_logprobs
+from tiny_models import CONFIGS, DELTANET_CONFIGS, build_deltanet_model, hf_greedy_logprobs
 from torch import nn
 from transformers import AutoTokenizer
 
@@ -180,8 +180,8 @@ def assert_matches(llm, reference, label, prompts=PROMPTS):
 
 
 CASES = [("qwen3_next", "fp8-block"), ("qwen3_5", "fp8-block-32"), ("qwen3_5_moe", "fp8-block"),
-         *[(name, fmt) for name in ("llama", "bamba", "granitemoehybrid", "granitemoehybrid-dense-nope", "nemotron_h",
-                                    "falcon_h1") for fmt in ("ct-fp8-channel", "w4a16")],
+         *[(name, fmt) for name in ("llama", "granite", "bamba", "granitemoehybrid", "granitemoehybrid-dense-nope",
+                                    "nemotron_h", "falcon_h1") for fmt in ("ct-fp8-channel", "w4a16")],
          ("llama", "ct-fp8-tensor"), ("bamba", "w4a16-asym"), ("falcon_h1", "w4a16-asym"),
          ("granitemoehybrid", "w4a16-asym")]
 
@@ -194,6 +194,22 @@ def test_quantized_checkpoint_matches_transformers_on_its_dequantized_weights(na
     assert quantized and all(m.qweight.dtype != torch.float32 for m in quantized)
     llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # a decode batch size is captured the second time it runs
     assert_matches(llm, reference, f"{name} {fmt}")
+
+
+def test_every_declared_checkpoint_format_is_proven_here():
+    """A declaration lists fp8 or compressed-tensors exactly where a parity case above runs it."""
+    from runtime.models import resolve
+    proven = {}
+    for name, fmt in CASES:
+        architecture = {**CONFIGS, **DELTANET_CONFIGS}[name][1]
+        proven.setdefault(architecture, set()).add("fp8" if fmt.startswith("fp8") else "compressed-tensors")
+    for architecture, formats in proven.items():
+        declared = set(resolve(architecture).quantizations) & {"fp8", "compressed-tensors"}
+        assert declared == formats, architecture
+    from matrix.collect import declarations
+    for decl in declarations():
+        if {"fp8", "compressed-tensors"} & set(decl.quantizations):
+            assert decl.architecture in proven, decl.architecture
 
 
 # --- bfloat16: within the bounds of the bfloat16 parity tests (test_parity.py) ------------------------------

@@ -15,6 +15,7 @@ class GraniteForCausalLM(LlamaForCausalLM):
     capabilities = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                 tensor_parallel=supported())
     implementation = "runtime.models.llama.model:GraniteForCausalLM"
+    quantizations = ("compressed-tensors",)  # on-the-fly int8/int4 are untested on Granite
 
     @classmethod
     def dims_overrides(cls, cfg: HFConfig) -> dict:
