@@ -11,11 +11,12 @@ model, so it is accepted and not applied; integer or static activations (W8A8) a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from runtime.hf_config import ConfigError
+
+if TYPE_CHECKING:  # config time imports no torch (the docs check runs without it)
+    from torch import nn
 
 # The format names a declaration lists (runtime/models/interface.py) and `quantization=` accepts.
 CHECKPOINT_FORMATS = ("fp8", "compressed-tensors")
@@ -62,7 +63,7 @@ class CheckpointQuant:
         groups = "; ".join(f"{name}: {fmt.describe()}" for name, fmt in self.ct_formats)
         return f"compressed-tensors {self.ct.format} checkpoint: {groups}; activations in the model dtype"
 
-    def format_for(self, name: str, module: nn.Module) -> WeightFormat | None:
+    def format_for(self, name: str, module: "nn.Module") -> WeightFormat | None:
         """The format config.json gives the linear at this module path (compressed-tensors' matching of its
         targets and ignore list), or None where it leaves it unquantized; fp8 leaves it to the file."""
         if self.ct is None:
