@@ -180,8 +180,8 @@ class EngineConfig:
             raise ConfigError(f"{spell('quantization', asked)}: this checkpoint is already quantized ({quant.method}, "
                               f"quantization_config in config.json) and is not quantized again; drop the option")
         if asked is not None and asked != quant.method:
-            raise ConfigError(f"{spell('quantization', asked)} does not match the checkpoint, whose quantization_config "
-                              f"says {quant.method}; pass {spell('quantization', quant.method)} or drop the option")
+            raise ConfigError(f"{spell('quantization', asked)} does not match the checkpoint, whose "
+                              f"quantization_config says {quant.method}; pass {spell('quantization', quant.method)} or drop the option")
         if quant.method not in decl.quantizations:
             raise ConfigError(f"{decl.architecture}: {quant.method} checkpoints are not supported for this "
                               f"architecture yet (it supports: {', '.join(decl.quantizations) or 'none'})")

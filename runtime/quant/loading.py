@@ -61,9 +61,10 @@ def plan(model: nn.Module, quant: CheckpointQuant, files: list[Path]) -> dict[st
         chosen = {name: fmt for name, m in linears.items() if (fmt := quant.format_for(name, m)) is not None}
     stray = sorted(set(in_files) - set(chosen))
     if stray:
-        raise QuantTensorError(f"{in_files[stray[0]]}: the checkpoint holds it quantized, but "
-                               f"{'the model has no linear there' if stray[0] not in linears else 'quantization_config leaves it unquantized (ignore)'}"
-                               f"; does config.json match the weights?")
+        why = ("the model has no linear there" if stray[0] not in linears
+               else "quantization_config leaves it unquantized (its ignore list)")
+        raise QuantTensorError(f"{in_files[stray[0]]}: the checkpoint holds it quantized, but {why}; "
+                               f"does config.json match the weights?")
     unquantized = sorted(set(chosen) - set(in_files))
     if unquantized:
         raise QuantTensorError(f"{unquantized[0]}: quantization_config quantizes this linear but the checkpoint holds "
