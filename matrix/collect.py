@@ -70,6 +70,12 @@ def layer_label(decl: Declaration) -> str:
     return ", ".join(LAYER_LABELS[kind] for kind in LayerKind if kind in decl.layer_kinds)
 
 
+def quantization_label(decl: Declaration) -> str:
+    """The weight formats the declaration lists (each proven by a test; docs/features/quantization.md)."""
+    formats = getattr(decl, "quantizations", ())
+    return ", ".join(code(cell(f)) for f in formats) if formats else "–"
+
+
 def supported_models(root: Path) -> dict[str, Any]:
     footnotes = Footnotes()
     rows = []
@@ -81,9 +87,11 @@ def supported_models(root: Path) -> dict[str, Any]:
             ", ".join(code(cell(m)) for m in decl.example_models),
             cell(layer_label(decl)),
             *(footnotes.mark(MATRIX[s.status].char, [s.note]) for s in statuses),
+            quantization_label(decl),
         ])
     columns = [Column(t, "---") for t in ("Architecture", "Models", "Example HF Models", "Layers")]
     columns += [Column(t, ":-:") for t in ("V1", *(FEATURE_LABELS[f] for f in MODEL_TABLE_FEATURES))]
+    columns += [Column("Quantization", "---")]
     return {"legend": LEGEND, "columns": columns, "rows": rows, "notes": footnotes.notes}
 
 

@@ -21,6 +21,7 @@ from runtime.hf_config import ConfigError, HFConfig, architecture_of, canonical_
 from runtime.models import resolve
 from runtime.models.interface import LayerKind, ModelDeclaration
 from runtime.options import option, parse_size, spell
+from runtime.quant import CHECKPOINT_FORMATS, CheckpointQuant, read_quantization
 from runtime.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 logger = logging.getLogger("tandem")
@@ -32,8 +33,10 @@ DEFAULT_BATCHED_TOKENS = 2048
 # "auto": Triton kernels on a CUDA device, the torch references elsewhere (see runtime.kernels).
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
-# On-the-fly weight-only quantization of a float checkpoint's decoder linears (vLLM's spellings).
-QUANTIZATIONS = ("int8", "int4")
+# On-the-fly weight-only quantization of a float checkpoint's decoder linears (vLLM's spellings), and the formats
+# of checkpoints published quantized, which `quantization=` may name as vLLM lets it (it must match the file).
+ON_THE_FLY = ("int8", "int4")
+QUANTIZATIONS = (*ON_THE_FLY, *CHECKPOINT_FORMATS)
 THREADS_ENV_VAR = "TANDEM_NUM_THREADS"
 # The small model shipped with Tandem: what every command and LLM() run when given no model.
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
@@ -102,7 +105,9 @@ class EngineConfig:
                              "many sequences of this length fit"))
     quantization: str | None = field(default=None, metadata=option(
         "quantize the decoder layers' linear weights on loading: int8 (one scale per output channel) or int4 "
-        "(one scale per 128 inputs); embeddings, the LM head, norms and SSM parameters keep the model dtype "
+        "(one scale per 128 inputs); embeddings, the LM head, norms and SSM parameters keep the model dtype. "
+        "A checkpoint published quantized (quantization_config in config.json) loads as it is: fp8 or "
+        "compressed-tensors may name its format, and must match it "
         "(default: none; see docs/features/quantization.md)", choices=QUANTIZATIONS))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
@@ -156,6 +161,8 @@ class EngineConfig:
 
     hf_config: HFConfig = field(init=False, repr=False)
     declaration: type[ModelDeclaration] = field(init=False, repr=False)
+    # config.json's quantization_config, resolved once (None: a float checkpoint).
+    checkpoint_quantization: CheckpointQuant | None = field(init=False, repr=False)
     cache: CacheLayout = field(init=False, repr=False)
     speculative: SpeculativeConfig | None = field(init=False, repr=False)
 
@@ -175,6 +182,8 @@ class EngineConfig:
         declaration = resolve(architecture_of(raw))
         object.__setattr__(self, "declaration", declaration)
         object.__setattr__(self, "hf_config", declaration.read_config(raw))
+        object.__setattr__(self, "checkpoint_quantization", read_quantization(raw))
+        self._check_quantization()
         self._check_max_model_len()
         object.__setattr__(self, "cache", self._resolve_cache())
         speculative = parse_speculative_config(self.speculative_config, spell("speculative_config"),
@@ -190,6 +199,32 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{spell(name)} must be a positive integer, got {value!r}")
+
+    def _check_quantization(self) -> None:
+        quant, asked, decl = self.checkpoint_quantization, self.quantization, self.declaration
+        if quant is None:
+            if asked in CHECKPOINT_FORMATS:
+                raise ConfigError(f"{spell('quantization', asked)} names a checkpoint format, but config.json has no "
+                                  f"quantization_config; to quantize a float checkpoint on loading pass "
+                                  f"{spell('quantization', 'int8')} or {spell('quantization', 'int4')}")
+            return
+        if asked in ON_THE_FLY:
+            raise ConfigError(f"{spell('quantization', asked)}: this checkpoint is already quantized ({quant.method}, "
+                              f"quantization_config in config.json) and is not quantized again; drop the option")
+        if asked is not None and asked != quant.method:
+            raise ConfigError(f"{spell('quantization', asked)} does not match the checkpoint, whose "
+                              f"quantization_config says {quant.method}; pass {spell('quantization', quant.method)} or drop the option")
+        if quant.method not in decl.quantizations:
+            raise ConfigError(f"{decl.architecture}: {quant.method} checkpoints are not supported for this "
+                              f"architecture yet (it supports: {', '.join(decl.quantizations) or 'none'})")
+        if self.tensor_parallel_size > 1:
+            raise ConfigError(f"{spell('tensor_parallel_size', self.tensor_parallel_size)}: tensor parallelism with a "
+                              f"quantized checkpoint ({quant.method}) is not supported yet; pass "
+                              f"{spell('tensor_parallel_size', 1)}")
+        if self.pipeline_parallel_size > 1:
+            raise ConfigError(f"{spell('pipeline_parallel_size', self.pipeline_parallel_size)}: pipeline parallelism "
+                              f"with a quantized checkpoint ({quant.method}) is not supported yet; pass "
+                              f"{spell('pipeline_parallel_size', 1)}")
 
     @cached_property
     def dims(self) -> Any:

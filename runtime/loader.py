@@ -24,6 +24,7 @@ from runtime.distributed.sharding import shard_model
 from runtime.dtypes import DTYPES
 from runtime.layers.parallel import Shard
 from runtime.models.causal_lm import CausalLM
+from runtime.quant import loading as quant_loading
 
 # Buffers that older checkpoints saved and that HF and vLLM skip on load: we compute them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -137,19 +138,24 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     # With tensor parallelism, parameters are built on the meta device (no memory), narrowed to this
     # rank's shard, and only then allocated: a rank never holds more than its part of the weights.
     # With pipeline parallelism, the layers of other stages are dropped before anything is allocated.
-    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1 or pp > 1):
+    # A quantized checkpoint's linears never get float memory either: they are swapped for placeholders first.
+    quant = config.checkpoint_quantization
+    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1 or pp > 1 or quant is not None):
         model = cls(config.dims)
     stage = None
     if pp > 1:
         from runtime.distributed.pipeline import cut_model
 
         stage = cut_model(model, config)
+    files = checkpoint_files(config.model_dir)
+    pending = quant_loading.install(model, quant_loading.plan(model, quant, files)) if quant is not None else {}
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
     model.weight_shards = shards  # LoRA slots are cut like the weights they adapt (runtime/lora/layer.py)
     allocate_parameters(model, device)
     model.tie_weights()
     names, elsewhere = (stage.checkpoint_names(model), stage.elsewhere(model)) if stage else (None, set())
-    load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp, names, elsewhere)
+    load_weights(model, files, shards, state.rank(), tp, names, elsewhere, pending)
+    quant_loading.finish(model, pending, device)
     if stage is not None:
         model.stage_model = stage
     return model.eval()
@@ -172,11 +178,13 @@ def _read_shard(shard: Shard, load: Callable[[], torch.Tensor], lazy: Callable[[
 
 
 def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | None = None, rank: int = 0,
-                 tp: int = 1, names: dict[str, str] | None = None, elsewhere: set[str] | None = None) -> None:
+                 tp: int = 1, names: dict[str, str] | None = None, elsewhere: set[str] | None = None,
+                 pending: dict[str, Any] | None = None) -> None:
     """Fill every parameter from the checkpoint; a sharded one (`shards`, for `rank` of `tp`) reads only its part.
 
     A pipeline stage's parameters go by their whole-model names (`names`: ours -> the checkpoint's), and the
-    tensors of other stages' parameters (`elsewhere`) are not read."""
+    tensors of other stages' parameters (`elsewhere`) are not read; the tensors of a quantized linear
+    (`pending`, runtime.quant.loading) are kept for its conversion."""
     params, shards, elsewhere = dict(model.named_parameters()), shards or {}, elsewhere or set()
     if names is not None:
         params = {names[n]: p for n, p in params.items()}
@@ -185,7 +193,7 @@ def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | 
     for path in files:
         for name, load, lazy in read_tensors(path):
             target = None if name.endswith(IGNORED_SUFFIXES) else model.checkpoint_name(name)
-            if target is None or target in elsewhere:
+            if target is None or target in elsewhere or (pending and quant_loading.route(pending, target, name, load)):
                 continue
             if target not in params:
                 unexpected.append(name)

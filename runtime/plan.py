@@ -109,6 +109,8 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
         "num_state_groups": layout.num_state_groups,
         "bytes_per_page_id": layout.bytes_per_page_id,
         "prefix_caching": config.enable_prefix_caching,
+        # config.json's quantization_config as resolved once (None: a float checkpoint).
+        "weights": None if config.checkpoint_quantization is None else config.checkpoint_quantization.describe(),
     }
     if layout.attention:
         spec = layout.attention
@@ -210,6 +212,8 @@ def format_report(r: dict[str, Any]) -> str:
         + (f", pipeline parallel {r['pipeline_parallel_size']}" if r["pipeline_parallel_size"] > 1 else ""),
         f"layers         {r['num_layers']}: {counts}",
     ]
+    if r.get("weights"):
+        lines.append(f"weights        {r['weights']}")
     if len(r["layers"]) <= MAX_LISTED_RUNS:
         for run in r["layers"]:
             span = str(run["first"]) if run["first"] == run["last"] else f"{run['first']}-{run['last']}"

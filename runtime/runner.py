@@ -17,6 +17,7 @@ from runtime.distributed.pipeline import allocate_stage_pool, run_stage, stage_b
 from runtime.heap import keep_freed_memory
 from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
+from runtime.kernels.quant_linear import SCHEMES
 from runtime.layers.linear import pack_linears
 from runtime.layers.quantized import quantize_linears, weight_bytes
 from runtime.loader import build_model
@@ -91,7 +92,7 @@ class ModelRunner:
         self.model = build_model(config, self.device)
         # A pipeline stage's layers, and the hooks that pass hidden states between stages; None on one stage.
         self.stage_model = getattr(self.model, "stage_model", None)
-        if config.quantization is not None:  # before packing: the quantized linears are packed no more
+        if config.quantization in SCHEMES:  # before packing: the quantized linears are packed no more
             count = quantize_linears(self.model, config.quantization)
             logger.info("quantized %d linears to %s: weights %.1f MiB", count, config.quantization,
                         weight_bytes(self.model) / 2**20)

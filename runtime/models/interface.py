@@ -132,6 +132,9 @@ class ModelDeclaration:
     default_ssm_dtype: ClassVar[str | None] = None
     # What `tandem plan` calls one stateful layer's per-sequence state.
     state_name: ClassVar[str] = "mamba state"
+    # Quantization formats this architecture runs, each proven by a test: "int8", "int4" (on the fly),
+    # "fp8", "compressed-tensors" (checkpoints published so), "gguf".
+    quantizations: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def read_config(cls, raw: Mapping[str, Any]) -> HFConfig:

@@ -12,7 +12,7 @@ from runtime.models.llama.declaration import LlamaForCausalLM
 from runtime.models.minimax.declaration import MiniMaxForCausalLM
 
 PAGE = "docs/models/evidence.md"
-PP_NOTE = "Layers split across two stages only."
+GRAPHS_NOTE = "Captured for decode steps only."
 
 
 def test_every_supported_cell_of_the_repository_is_proven():
@@ -26,11 +26,13 @@ def test_every_supported_cell_of_the_repository_is_proven():
 
 
 @pytest.mark.parametrize("model, overrides, cell, status", [
-    # A feature cell: LoRA flipped to supported with no LoRA code and no test (the example).
-    (LlamaForCausalLM, dict(chunked_prefill=supported(), lora=supported()), ("LlamaForCausalLM", "LoRA"), "supported"),
+    # A feature cell: CUDA graphs flipped to supported with no test (as LoRA was in the example, before
+    # LoRA landed with its tests).
+    (LlamaForCausalLM, dict(chunked_prefill=supported(), cuda_graphs=supported()), ("LlamaForCausalLM", "CUDA graphs"),
+     "supported"),
     # A partial cell.
-    (BambaForCausalLM, dict(chunked_prefill=supported(), pipeline_parallel=partial(PP_NOTE)),
-     ("BambaForCausalLM", "pipeline parallel"), "partial"),
+    (BambaForCausalLM, dict(chunked_prefill=supported(), cuda_graphs=partial(GRAPHS_NOTE)),
+     ("BambaForCausalLM", "CUDA graphs"), "partial"),
 ])
 def test_an_unproven_feature_cell_fails_the_check_until_a_test_proves_it(cli, root, monkeypatch, model, overrides,
                                                                          cell, status):

@@ -53,13 +53,15 @@ def test_every_architecture_has_one_row_whose_cells_are_its_declared_statuses():
     notes = {n.number: n.text for n in table["notes"]}
     for decl, row in zip(declarations(), table["rows"]):
         supports = [decl.capabilities.engine] + [decl.capabilities.feature(f) for f in MODEL_TABLE_FEATURES]
-        for support, status_cell in zip(supports, row[4:], strict=True):
+        for support, status_cell in zip(supports, row[4:-1], strict=True):
             glyph, _, numbers = status_cell.partition("<sup>")
             assert glyph == MATRIX[support.status].char
             if support.note:
                 assert notes[int(numbers.removesuffix("</sup>"))] == support.note
             else:
                 assert not numbers
+        # The last column: the quantization formats the declaration lists.
+        assert row[-1] == (", ".join(f"`{f}`" for f in decl.quantizations) or "–")
 
 
 def test_the_cache_layout_table_is_what_engine_config_resolves():

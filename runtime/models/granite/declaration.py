@@ -16,6 +16,7 @@ class GraniteForCausalLM(LlamaForCausalLM):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.llama.model:GraniteForCausalLM"
+    quantizations = ("compressed-tensors",)  # on-the-fly int8/int4 are untested on Granite
 
     @classmethod
     def dims_overrides(cls, cfg: HFConfig) -> dict:

@@ -55,6 +55,7 @@ class OlmoHybridForCausalLM(Qwen3NextForCausalLM):
     model_name = "OLMo-Hybrid"
     example_models = ("allenai/Olmo-Hybrid-7B",)
     implementation = "runtime.models.olmo_hybrid.model:OlmoHybridForCausalLM"
+    quantizations = ()  # Olmo-Hybrid publishes no FP8 checkpoint; untested here
     capabilities = GATED_DELTANET_TP_CAPABILITIES
     defaults = OLMO_HYBRID_DEFAULTS
 

@@ -24,6 +24,7 @@ class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
     example_models = ("Qwen/Qwen3.5-27B",)
     capabilities = GATED_DELTANET_TP_CAPABILITIES
     implementation = "runtime.models.qwen3_5.model:Qwen3_5ForCausalLM"
+    quantizations = ("fp8",)
     defaults = QWEN3_5_DEFAULTS
 
     @classmethod

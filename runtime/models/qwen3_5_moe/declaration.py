@@ -25,6 +25,7 @@ class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
     example_models = ("Qwen/Qwen3.5-35B-A3B",)
     capabilities = GATED_DELTANET_TP_CAPABILITIES
     implementation = "runtime.models.qwen3_5_moe.model:Qwen3_5MoeForCausalLM"
+    quantizations = ("fp8",)
     defaults = QWEN3_5_MOE_DEFAULTS
 
     @classmethod
