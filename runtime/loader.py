@@ -22,6 +22,9 @@ from runtime.config import EngineConfig
 from runtime.distributed import state
 from runtime.distributed.sharding import shard_model
 from runtime.dtypes import DTYPES
+from runtime.gguf.config import gguf_path
+from runtime.gguf.tokenizer import load_gguf_tokenizer
+from runtime.gguf.weights import load_gguf_weights
 from runtime.layers.parallel import Shard
 from runtime.models.causal_lm import CausalLM
 
@@ -46,6 +49,8 @@ def check_tokenizer_files(model_dir: Path) -> None:
 
 def load_tokenizer(config: EngineConfig) -> Any:
     """transformers' tokenizer for the directory; its files are checked first, so a missing one is named."""
+    if (gguf := gguf_path(config.model)) is not None:
+        return load_gguf_tokenizer(gguf)
     check_tokenizer_files(config.model_dir)
     # AutoTokenizer would read config.json again, only for these fields, and refuse the spellings we
     # translate (mamba_ssm's, pre-4.48 Zamba2's): hand it our reading instead.
@@ -141,6 +146,11 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
     allocate_parameters(model, device)
     model.tie_weights()
+    if (gguf := gguf_path(config.model)) is not None:
+        if tp > 1:
+            raise CheckpointError("GGUF files run on one process; leave --tensor-parallel-size at 1")
+        load_gguf_weights(model, gguf, config.hf_config, DTYPES[config.model_dtype])
+        return model.eval()
     load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp)
     return model.eval()
 
