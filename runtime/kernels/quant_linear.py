@@ -84,7 +84,8 @@ def dequantize(qweight: Tensor, scales: Tensor, group_size: int, in_features: in
     per_value = scales.repeat_interleave(group_size, dim=1)[:, :in_features]
     weight = q.float() * per_value
     if offsets is not None:
-        weight += offsets.repeat_interleave(group_size, dim=1)[:, :in_features]
+        # Out of place: a captured decode step (decode_graph.py) replayed the in-place form wrongly.
+        weight = weight + offsets.repeat_interleave(group_size, dim=1)[:, :in_features]
     return weight
 
 
