@@ -224,18 +224,38 @@ def write_gguf(directory: Path, out: Path, types: Callable[[str, tuple[int, ...]
     if file_type is not None:
         writer.add_file_type(file_type)
     _tokenizer(writer, directory, c)
-    oracle, pieces = {}, {}
     for name, w in state.items():
         for gguf_name, data in _converted(name, w.float(), c, arch):
             qtype = types(gguf_name, tuple(data.shape))
-            raw = quantize(data.numpy(), qtype)
-            writer.add_tensor(gguf_name, raw, raw_dtype=qtype)
-            back = torch.from_numpy(gguf.quants.dequantize(raw, qtype).copy()).reshape(data.shape)
-            pieces.setdefault(name, []).append(_restored(gguf_name, back, c))
-    for name, parts in pieces.items():
-        oracle[name] = torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
+            writer.add_tensor(gguf_name, quantize(data.numpy(), qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return oracle
+    return read_back(out, c)
+
+
+def read_back(path: Path, c: dict) -> dict[str, torch.Tensor]:
+    """The HF state dict a GGUF file stands for: every tensor dequantized by gguf.quants.dequantize, renamed and
+    restored to the HF layout, the split gate/up projections joined (`c`: the HF config.json)."""
+    arch = {"llama": "llama", "granitemoehybrid": "granitehybrid"}[c["model_type"]]
+    table = LLAMA if arch == "llama" else GRANITE_HYBRID
+    names = {v: k for k, v in GLOBAL.items()}
+    pieces: dict[str, list[torch.Tensor]] = {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        data = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+        w = _restored(tensor.name, torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape), c)
+        if tensor.name in names:
+            pieces[names[tensor.name]] = [w]
+            continue
+        _, layer, suffix = tensor.name.split(".", 2)
+        if arch == "granitehybrid" and suffix in ("ffn_gate.weight", "ffn_up.weight"):
+            pieces.setdefault(f"model.layers.{layer}.shared_mlp.input_linear.weight", [None, None])[
+                suffix == "ffn_up.weight"] = w
+            continue
+        hf = {v: k for k, v in table.items()}[suffix]
+        if arch == "granitehybrid" and suffix == "ffn_down.weight":
+            hf = "shared_mlp.output_linear.weight"
+        pieces[f"model.layers.{layer}.{hf}"] = [w]
+    return {name: torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0] for name, parts in pieces.items()}

@@ -80,13 +80,13 @@ def _check_types(path: Path) -> None:
                               f"supported GGUF tensor types: {', '.join(t.name for t in SUPPORTED)}")
 
 
-def hf_tensors(path: Path, hf: dict) -> dict[str, Tensor]:
-    """The file's tensors under their HF checkpoint names, in the HF layout."""
+def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The file's tensors under their HF checkpoint names, in the HF layout, and the GGUF tensor(s) each came from."""
     arch = gguf_config.architecture(path)
     table, fused = (LLAMA, {}) if arch == "llama" else (GRANITE_HYBRID, GRANITE_HYBRID_FUSED)
     _check_types(path)
     raw = {t.name: t for t in gguf_config.reader(path).tensors}
-    out, used = {}, set()
+    out, used, sources = {}, set(), {}
     for parts, hf_name in fused.items():
         for layer in range(hf["num_hidden_layers"]):
             names = [f"blk.{layer}.{part}" for part in parts]
@@ -94,6 +94,7 @@ def hf_tensors(path: Path, hf: dict) -> dict[str, Tensor]:
                 values = [_read(raw[name]) for name in names]
                 joined = concat_rows(values) if all(isinstance(v, Quantized) for v in values) else None
                 out[f"model.layers.{layer}.{hf_name}"] = joined or torch.cat([_float(v) for v in values], dim=-2)
+                sources[f"model.layers.{layer}.{hf_name}"] = " + ".join(names)
                 used.update(names)
     for name, tensor in raw.items():
         if name in used:
@@ -104,8 +105,12 @@ def hf_tensors(path: Path, hf: dict) -> dict[str, Tensor]:
             f"model.layers.{match.group(1)}.{table[suffix]}" if suffix in table else None)
         if hf_name is None:
             raise ConfigError(f"{path.name}: unexpected tensor {name} for GGUF architecture {arch!r}")
-        out[hf_name] = _transform(suffix, _read(tensor), hf, path, name)
-    return out
+        try:
+            out[hf_name], sources[hf_name] = _transform(suffix, _read(tensor), hf, path, name), name
+        except (RuntimeError, ValueError) as err:  # a reshape the metadata's sizes do not allow
+            raise ConfigError(f"{path.name}: tensor {name} of shape {gguf_config.tensor_shape(path, name)} does not "
+                              f"fit the metadata ({err})") from None
+    return out, sources
 
 
 def _transform(suffix: str | None, value: Tensor, hf: dict, path: Path, name: str) -> Tensor:
@@ -134,7 +139,7 @@ def _shape(value: Tensor) -> tuple[int, ...]:
 
 def load_gguf_weights(model: torch.nn.Module, path: Path, hf: dict, dtype: torch.dtype) -> int:
     """Fill `model` from the GGUF file; returns how many linears stay quantized."""
-    tensors = hf_tensors(path, hf)
+    tensors, sources = hf_tensors(path, hf)
     params = dict(model.named_parameters())
     plan: dict[str, tuple[str, Tensor]] = {}
     for hf_name, value in tensors.items():
@@ -142,10 +147,11 @@ def load_gguf_weights(model: torch.nn.Module, path: Path, hf: dict, dtype: torch
         if target is None:
             continue
         if target not in params:
-            raise ConfigError(f"{path.name}: tensor {hf_name} has no place in the model; does the metadata match?")
+            raise ConfigError(f"{path.name}: tensor {sources[hf_name]} has no place in the model; "
+                              "does the metadata match the tensors?")
         if _shape(value) != tuple(params[target].shape):
-            raise ConfigError(f"{path.name}: {hf_name} has shape {_shape(value)} but the metadata makes it "
-                              f"{tuple(params[target].shape)}; the file is inconsistent")
+            raise ConfigError(f"{path.name}: tensor {sources[hf_name]} has shape {_shape(value)} (as {hf_name}) but "
+                              f"the metadata makes it {tuple(params[target].shape)}; the file is inconsistent")
         plan[target] = (hf_name, value)
     missing = sorted(set(params) - set(plan))
     if missing:

@@ -4,6 +4,10 @@ run in float32 against transformers on the weights gguf.quants.dequantize reads 
 from __future__ import annotations
 
 import copy
+import json
+import shutil
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -152,3 +156,73 @@ def test_a_directory_holding_one_gguf_file_is_a_model(gguf_model, tmp_path):
     path, reference = gguf_model("llama", "Q8_0")
     (tmp_path / path.name).write_bytes(path.read_bytes())
     assert_matches(LLM(str(tmp_path), dtype="float32"), reference, "directory")
+
+
+# Bad input: one line naming the tensor or key and what is supported; ValueError from LLM, exit 2 from the CLI.
+
+def cli_error(path) -> str:
+    result = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", str(path), "Hi"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    return result.stderr
+
+
+def llm_error(path) -> str:
+    with pytest.raises(ValueError) as err:
+        LLM(str(path))
+    return str(err.value)
+
+
+def test_a_tensor_type_tandem_cannot_run_is_named_with_the_supported_ones(tiny_checkpoint, tmp_path):
+    directory, _ = tiny_checkpoint("llama")
+    types = default_types(T.Q8_0)
+    write_gguf(directory, tmp_path / "m.gguf", lambda n, s: T.Q5_0 if n == "blk.1.ffn_up.weight" else types(n, s))
+    for message in (llm_error(tmp_path / "m.gguf"), cli_error(tmp_path / "m.gguf")):
+        assert "tensor blk.1.ffn_up.weight is Q5_0, which Tandem cannot run" in message
+        assert "supported GGUF tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K" in message
+
+
+def test_an_architecture_without_a_mapping_is_named(tmp_path):
+    writer = gguf.GGUFWriter(tmp_path / "m.gguf", "gpt2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((8, 4), dtype=np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    for message in (llm_error(tmp_path / "m.gguf"), cli_error(tmp_path / "m.gguf")):
+        assert "GGUF architecture 'gpt2' is not supported; Tandem loads GGUF files of llama, granitehybrid" in message
+
+
+def test_shapes_that_disagree_with_the_metadata_name_the_tensor(tiny_checkpoint, tmp_path):
+    directory, _ = tiny_checkpoint("llama")
+    wrong = tmp_path / "checkpoint"
+    shutil.copytree(directory, wrong)
+    config = json.loads((wrong / "config.json").read_text())
+    (wrong / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))  # the tensors have 96
+    write_gguf(wrong, tmp_path / "m.gguf", default_types(T.Q8_0))
+    for message in (llm_error(tmp_path / "m.gguf"), cli_error(tmp_path / "m.gguf")):
+        assert "tensor blk.0.ffn_down.weight has shape (64, 96)" in message
+        assert "the metadata makes it (64, 128)" in message
+
+
+def test_a_truncated_file_is_refused_before_anything_loads(gguf_model, tmp_path):
+    path, _ = gguf_model("llama", "Q8_0")
+    data = path.read_bytes()
+    (tmp_path / "m.gguf").write_bytes(data[:len(data) * 2 // 3])
+    for message in (llm_error(tmp_path / "m.gguf"), cli_error(tmp_path / "m.gguf")):
+        assert "m.gguf is not a readable GGUF file" in message and "truncated" in message
+
+
+def test_two_gguf_files_in_a_directory_ask_for_one(gguf_model, tmp_path):
+    path, _ = gguf_model("llama", "Q8_0")
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(path.read_bytes())
+    assert "holds 2 GGUF files (a.gguf, b.gguf); pass the path of the one to run" in cli_error(tmp_path)
+
+
+def test_the_cli_generates_from_a_gguf_file(gguf_model, tiny_checkpoint):
+    path, _ = gguf_model("granitemoehybrid-dense-nope", "Q4_0")
+    result = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", str(path), "The page",
+                             "--max-tokens", "4", "--temperature", "0"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    expected = LLM(str(path)).generate(["The page"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert expected[0].outputs[0].text in result.stdout
