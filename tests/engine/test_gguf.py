@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
-from gguf_files import default_types, encode_q4_k, encode_q6_k, q4_k_m, write_gguf
+from gguf_files import default_types, encode_q4_k, encode_q6_k, q4_k_m, read_back, write_gguf
 from tiny_models import hf_greedy_logprobs
 from transformers import AutoTokenizer
 
 from runtime import LLM, SamplingParams
 from runtime.gguf.blocks import decode
+from runtime.gguf.config import raw_config
 from runtime.kernels.quant_linear import dequantize as dequantize_ours
 from runtime.layers.quantized import QuantLinear
 
@@ -226,3 +228,52 @@ def test_the_cli_generates_from_a_gguf_file(gguf_model, tiny_checkpoint):
     assert result.returncode == 0, result.stderr
     expected = LLM(str(path)).generate(["The page"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert expected[0].outputs[0].text in result.stdout
+
+
+# llama.cpp's own converter, where its source is at hand (LLAMA_CPP_DIR: the llama.cpp directory holding
+# convert_hf_to_gguf.py, e.g. the one vendored in the llama-cpp-python 0.3.36 sdist): it pins the layout that
+# gguf_files.py imitates. The shim gives it what the tiny checkpoints lack: no sentencepiece model, and a BPE
+# pre-tokenizer whose hash it does not know (named "gpt-2", as gguf_files.py names it).
+CONVERTER_SHIM = """
+import runpy, sys
+from pathlib import Path
+root = Path(sys.argv.pop(1))
+sys.path.insert(0, str(root)); sys.path.insert(1, str(root / "gguf-py"))
+from conversion import base
+def no_sentencepiece(self): raise FileNotFoundError("no tokenizer.model")
+base.TextModel._set_vocab_sentencepiece = no_sentencepiece
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv[0] = str(root / "convert_hf_to_gguf.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+LLAMA_CPP = os.environ.get("LLAMA_CPP_DIR")
+
+
+def convert(directory, out, outtype):
+    result = subprocess.run([sys.executable, "-c", CONVERTER_SHIM, LLAMA_CPP, str(directory), "--outtype", outtype,
+                             "--outfile", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def layout(path):
+    return {(t.name, tuple(int(n) for n in t.shape), T(t.tensor_type).name) for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.mark.skipif(not LLAMA_CPP, reason="set LLAMA_CPP_DIR to llama.cpp's source to run its converter")
+@pytest.mark.parametrize("name", ["llama", "granitemoehybrid-dense-nope"])
+def test_llama_cpps_converter_writes_the_layout_the_tests_write_and_runs(name, tiny_checkpoint, tmp_path):
+    directory, hf = tiny_checkpoint(name)
+    source = tmp_path / "checkpoint"
+    shutil.copytree(directory, source)
+    config = json.loads((source / "config.json").read_text())
+    if "layer_types" in config:  # as published Granite 4.0 configs spell them, which is what the converter reads
+        config["layer_types"] = ["attention" if t == "full_attention" else "mamba" for t in config["layer_types"]]
+        (source / "config.json").write_text(json.dumps(config))
+    convert(source, tmp_path / "f32.gguf", "f32")
+    write_gguf(directory, tmp_path / "ours.gguf", default_types(T.F32))
+    assert layout(tmp_path / "f32.gguf") == layout(tmp_path / "ours.gguf")
+    assert raw_config(tmp_path / "f32.gguf") == raw_config(tmp_path / "ours.gguf")
+    assert_matches(LLM(str(tmp_path / "f32.gguf"), dtype="float32"), hf, f"{name} converted to F32")
+    convert(source, tmp_path / "q8_0.gguf", "q8_0")
+    reference = oracle_model(hf, read_back(tmp_path / "q8_0.gguf", config))
+    assert_matches(LLM(str(tmp_path / "q8_0.gguf"), dtype="float32"), reference, f"{name} converted to Q8_0")
