@@ -113,6 +113,27 @@ def _llama_metadata(w: gguf.GGUFWriter, c: dict) -> None:
     w.add_rope_dimension_count(head_dim)
 
 
+def _bamba_metadata(w: gguf.GGUFWriter, c: dict) -> None:
+    """GraniteHybridModel's metadata for a Bamba checkpoint: RoPE (over attn_rotary_emb dimensions), no scales."""
+    attention = c["attn_layer_indices"]
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv([c["num_key_value_heads"] if i in attention else 0 for i in range(c["num_hidden_layers"])])
+    w.add_rope_freq_base(c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_vocab_size(c["vocab_size"])
+    w.add_rope_dimension_count(c["attn_rotary_emb"])
+    w.add_ssm_conv_kernel(c["mamba_d_conv"])
+    w.add_ssm_state_size(c["mamba_d_state"])
+    w.add_ssm_group_count(c["mamba_n_groups"])
+    w.add_ssm_inner_size(c["mamba_n_heads"] * c["mamba_d_head"])
+    w.add_ssm_time_step_rank(c["mamba_n_heads"])
+    w.add_rope_scaling_finetuned(True)
+
+
 def _granitehybrid_metadata(w: gguf.GGUFWriter, c: dict) -> None:
     attention = [i for i, t in enumerate(c["layer_types"]) if t in ("attention", "full_attention")]
     w.add_block_count(c["num_hidden_layers"])
@@ -149,16 +170,25 @@ GRANITE_HYBRID = {**LLAMA, "mamba.in_proj.weight": "ssm_in.weight", "mamba.out_p
                   "mamba.conv1d.weight": "ssm_conv1d.weight", "mamba.conv1d.bias": "ssm_conv1d.bias",
                   "mamba.dt_bias": "ssm_dt.bias", "mamba.A_log": "ssm_a", "mamba.D": "ssm_d",
                   "mamba.norm.weight": "ssm_norm.weight", "shared_mlp.output_linear.weight": "ffn_down.weight"}
+BAMBA = {**{k: v for k, v in GRANITE_HYBRID.items() if not v.startswith("ffn_")},
+         "pre_ff_layernorm.weight": "ffn_norm.weight", "feed_forward.gate_proj.weight": "ffn_gate.weight",
+         "feed_forward.up_proj.weight": "ffn_up.weight", "feed_forward.down_proj.weight": "ffn_down.weight"}
+TABLES = {"llama": LLAMA, "granitemoehybrid": GRANITE_HYBRID, "bamba": BAMBA}
+ARCHS = {"llama": "llama", "granitemoehybrid": "granitehybrid", "bamba": "granitehybrid"}
 GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
           "lm_head.weight": "output.weight"}
 
 
-def _converted(name: str, w: torch.Tensor, c: dict, arch: str) -> list[tuple[str, torch.Tensor]]:
+def _globals(c: dict) -> dict[str, str]:
+    return {**GLOBAL, "model.final_layernorm.weight": "output_norm.weight"} if c["model_type"] == "bamba" else GLOBAL
+
+
+def _converted(name: str, w: torch.Tensor, c: dict) -> list[tuple[str, torch.Tensor]]:
     """The GGUF tensors (name, float data) the converter writes for one HF tensor."""
-    if name in GLOBAL:
-        return [(GLOBAL[name], w)]
+    if name in _globals(c):
+        return [(_globals(c)[name], w)]
     _, _, layer, rest = name.split(".", 3)
-    table = LLAMA if arch == "llama" else GRANITE_HYBRID
+    table = TABLES[c["model_type"]]
     if rest == "shared_mlp.input_linear.weight":
         gate, up = w.split(c["shared_intermediate_size"], dim=-2)
         return [(f"blk.{layer}.ffn_gate.weight", gate), (f"blk.{layer}.ffn_up.weight", up)]
@@ -216,16 +246,16 @@ def write_gguf(directory: Path, out: Path, types: Callable[[str, tuple[int, ...]
                file_type: gguf.LlamaFileType | None = None) -> dict[str, torch.Tensor]:
     """Write `directory`'s checkpoint as a GGUF file at `out`; returns the HF state dict it stands for."""
     c = json.loads((directory / "config.json").read_text())
-    arch = {"llama": "llama", "granitemoehybrid": "granitehybrid"}[c["model_type"]]
     state = load_file(directory / "model.safetensors")
-    writer = gguf.GGUFWriter(out, arch)
+    writer = gguf.GGUFWriter(out, ARCHS[c["model_type"]])
     writer.add_name(directory.name)
-    (_llama_metadata if arch == "llama" else _granitehybrid_metadata)(writer, c)
+    {"llama": _llama_metadata, "granitemoehybrid": _granitehybrid_metadata, "bamba": _bamba_metadata}[
+        c["model_type"]](writer, c)
     if file_type is not None:
         writer.add_file_type(file_type)
     _tokenizer(writer, directory, c)
     for name, w in state.items():
-        for gguf_name, data in _converted(name, w.float(), c, arch):
+        for gguf_name, data in _converted(name, w.float(), c):
             qtype = types(gguf_name, tuple(data.shape))
             writer.add_tensor(gguf_name, quantize(data.numpy(), qtype), raw_dtype=qtype)
     writer.write_header_to_file()
@@ -238,9 +268,8 @@ def write_gguf(directory: Path, out: Path, types: Callable[[str, tuple[int, ...]
 def read_back(path: Path, c: dict) -> dict[str, torch.Tensor]:
     """The HF state dict a GGUF file stands for: every tensor dequantized by gguf.quants.dequantize, renamed and
     restored to the HF layout, the split gate/up projections joined (`c`: the HF config.json)."""
-    arch = {"llama": "llama", "granitemoehybrid": "granitehybrid"}[c["model_type"]]
-    table = LLAMA if arch == "llama" else GRANITE_HYBRID
-    names = {v: k for k, v in GLOBAL.items()}
+    table = TABLES[c["model_type"]]
+    names = {v: k for k, v in _globals(c).items()}
     pieces: dict[str, list[torch.Tensor]] = {}
     for tensor in gguf.GGUFReader(path).tensors:
         shape = tuple(int(n) for n in reversed(tensor.shape))
@@ -250,12 +279,13 @@ def read_back(path: Path, c: dict) -> dict[str, torch.Tensor]:
             pieces[names[tensor.name]] = [w]
             continue
         _, layer, suffix = tensor.name.split(".", 2)
-        if arch == "granitehybrid" and suffix in ("ffn_gate.weight", "ffn_up.weight"):
+        granite = c["model_type"] == "granitemoehybrid"
+        if granite and suffix in ("ffn_gate.weight", "ffn_up.weight"):
             pieces.setdefault(f"model.layers.{layer}.shared_mlp.input_linear.weight", [None, None])[
                 suffix == "ffn_up.weight"] = w
             continue
         hf = {v: k for k, v in table.items()}[suffix]
-        if arch == "granitehybrid" and suffix == "ffn_down.weight":
+        if granite and suffix == "ffn_down.weight":
             hf = "shared_mlp.output_linear.weight"
         pieces[f"model.layers.{layer}.{hf}"] = [w]
     return {name: torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0] for name, parts in pieces.items()}

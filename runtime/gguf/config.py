@@ -122,6 +122,8 @@ def _granitehybrid(path: Path) -> dict[str, Any]:
     kv_heads = tensor_shape(path, f"blk.{attention[0]}.attn_k.weight")[0] // head_dim if attention else heads
     ssm_heads, inner = required(path, f"{arch}.ssm.time_step_rank"), required(path, f"{arch}.ssm.inner_size")
     mamba = next((i for i, kind in enumerate(kinds) if kind == "mamba"), None)
+    if get("rope.scaling.finetuned", False) and get("embedding_scale") is None:
+        return _bamba(path, kinds, heads, kv_heads, ssm_heads, inner, mamba)
     experts = get("expert_count", 0) or 0
     shared = get("expert_shared_feed_forward_length") or (0 if experts else get("feed_forward_length"))
     return {
@@ -146,6 +148,32 @@ def _granitehybrid(path: Path) -> dict[str, Any]:
         "residual_multiplier": get("residual_scale", 1.0),
         "logits_scaling": get("logit_scale", 1.0),
         "hidden_act": "silu",
+    }
+
+
+def _bamba(path: Path, kinds: list[str], heads: int, kv_heads: int, ssm_heads: int, inner: int,
+           mamba: int | None) -> dict[str, Any]:
+    """Bamba converts to granitehybrid too, with RoPE and none of Granite's scales: its config is Bamba's, whose
+    rotary embedding covers half of each head."""
+    arch, names = "granitehybrid", tensor_names(path)
+    hidden = required(path, f"{arch}.embedding_length")
+    rotary = field(path, f"{arch}.rope.dimension_count", hidden // heads // 2)
+    if rotary * 2 != hidden // heads:
+        raise ConfigError(f"{path.name}: {arch}.rope.dimension_count is {rotary}, but Bamba rotates half of each "
+                          f"{hidden // heads}-wide head; Tandem runs Bamba GGUF files with rope.dimension_count "
+                          f"{hidden // heads // 2}")
+    return {
+        **_common(path, arch),
+        "architectures": ["BambaForCausalLM"], "model_type": "bamba",
+        "attn_layer_indices": [i for i, kind in enumerate(kinds) if kind == "attention"],
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "intermediate_size": required(path, f"{arch}.feed_forward_length"),
+        "mamba_n_heads": ssm_heads, "mamba_d_head": inner // ssm_heads, "mamba_expand": inner // hidden,
+        "mamba_d_state": required(path, f"{arch}.ssm.state_size"),
+        "mamba_n_groups": required(path, f"{arch}.ssm.group_count"),
+        "mamba_d_conv": required(path, f"{arch}.ssm.conv_kernel"),
+        "mamba_conv_bias": mamba is not None and f"blk.{mamba}.ssm_conv1d.bias" in names,
+        "mamba_proj_bias": False, "attn_rotary_emb": rotary, "hidden_act": "silu",
     }
 
 

@@ -39,6 +39,10 @@ GRANITE_HYBRID = {
     "ffn_gate_inp.weight": "block_sparse_moe.router.layer.weight",
     "ffn_down_exps.weight": "block_sparse_moe.output_linear.weight",
 }
+BAMBA = {**{k: v for k, v in GRANITE_HYBRID.items() if not k.startswith(("ffn_", "ssm_norm"))},
+         "ssm_norm.weight": "mamba.norm.weight", "ffn_norm.weight": "pre_ff_layernorm.weight",
+         "ffn_gate.weight": "feed_forward.gate_proj.weight", "ffn_up.weight": "feed_forward.up_proj.weight",
+         "ffn_down.weight": "feed_forward.down_proj.weight"}
 # GGUF tensors that the converter split from one HF tensor: (parts in row order) -> the HF name.
 GRANITE_HYBRID_FUSED = {
     ("ffn_gate.weight", "ffn_up.weight"): "shared_mlp.input_linear.weight",
@@ -83,7 +87,9 @@ def _check_types(path: Path) -> None:
 def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]:
     """The file's tensors under their HF checkpoint names, in the HF layout, and the GGUF tensor(s) each came from."""
     arch = gguf_config.architecture(path)
-    table, fused = (LLAMA, {}) if arch == "llama" else (GRANITE_HYBRID, GRANITE_HYBRID_FUSED)
+    table, fused = {"llama": (LLAMA, {}), "bamba": (BAMBA, {}),
+                    "granitemoehybrid": (GRANITE_HYBRID, GRANITE_HYBRID_FUSED)}[hf["model_type"]]
+    names = {**GLOBAL, "output_norm.weight": "model.final_layernorm.weight"} if hf["model_type"] == "bamba" else GLOBAL
     _check_types(path)
     raw = {t.name: t for t in gguf_config.reader(path).tensors}
     out, used, sources = {}, set(), {}
@@ -101,7 +107,7 @@ def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]
             continue
         match = BLOCK.fullmatch(name)
         suffix = match.group(2) if match else None
-        hf_name = GLOBAL.get(name) if match is None else (
+        hf_name = names.get(name) if match is None else (
             f"model.layers.{match.group(1)}.{table[suffix]}" if suffix in table else None)
         if hf_name is None:
             raise ConfigError(f"{path.name}: unexpected tensor {name} for GGUF architecture {arch!r}")
