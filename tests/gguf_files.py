@@ -125,7 +125,7 @@ def _bamba_metadata(w: gguf.GGUFWriter, c: dict) -> None:
     w.add_rope_freq_base(c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0))
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_vocab_size(c["vocab_size"])
-    w.add_rope_dimension_count(c["attn_rotary_emb"])
+    w.add_rope_dimension_count(c.get("attn_rotary_emb") or c["hidden_size"] // c["num_attention_heads"])
     w.add_ssm_conv_kernel(c["mamba_d_conv"])
     w.add_ssm_state_size(c["mamba_d_state"])
     w.add_ssm_group_count(c["mamba_n_groups"])

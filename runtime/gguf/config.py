@@ -153,15 +153,11 @@ def _granitehybrid(path: Path) -> dict[str, Any]:
 
 def _bamba(path: Path, kinds: list[str], heads: int, kv_heads: int, ssm_heads: int, inner: int,
            mamba: int | None) -> dict[str, Any]:
-    """Bamba converts to granitehybrid too, with RoPE and none of Granite's scales: its config is Bamba's, whose
-    rotary embedding covers half of each head."""
+    """Bamba converts to granitehybrid too, with RoPE and none of Granite's scales: its config is Bamba's. Bamba
+    rotates half of each head (transformers hard-codes it); the converter writes rope.dimension_count from
+    attn_rotary_emb, or the whole head where config.json lacks it, so that key is not read."""
     arch, names = "granitehybrid", tensor_names(path)
     hidden = required(path, f"{arch}.embedding_length")
-    rotary = field(path, f"{arch}.rope.dimension_count", hidden // heads // 2)
-    if rotary * 2 != hidden // heads:
-        raise ConfigError(f"{path.name}: {arch}.rope.dimension_count is {rotary}, but Bamba rotates half of each "
-                          f"{hidden // heads}-wide head; Tandem runs Bamba GGUF files with rope.dimension_count "
-                          f"{hidden // heads // 2}")
     return {
         **_common(path, arch),
         "architectures": ["BambaForCausalLM"], "model_type": "bamba",
@@ -173,7 +169,7 @@ def _bamba(path: Path, kinds: list[str], heads: int, kv_heads: int, ssm_heads: i
         "mamba_n_groups": required(path, f"{arch}.ssm.group_count"),
         "mamba_d_conv": required(path, f"{arch}.ssm.conv_kernel"),
         "mamba_conv_bias": mamba is not None and f"blk.{mamba}.ssm_conv1d.bias" in names,
-        "mamba_proj_bias": False, "attn_rotary_emb": rotary, "hidden_act": "silu",
+        "mamba_proj_bias": False, "hidden_act": "silu",
     }
 
 

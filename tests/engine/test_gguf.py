@@ -34,7 +34,7 @@ LOGPROB_ATOL = 1e-4
 WIDE = {"llama": dict(hidden_size=256, intermediate_size=256),
         # Four times as wide as the tiny Bamba: half the initializer range keeps its activations (and float32's
         # rounding in them) at the tiny model's scale; at 0.3 one logprob differs by 1.1e-4.
-        "bamba": dict(hidden_size=256, intermediate_size=256, mamba_n_heads=16, mamba_d_head=32, attn_rotary_emb=32,
+        "bamba": dict(hidden_size=256, intermediate_size=256, mamba_n_heads=16, mamba_d_head=32,
                       initializer_range=0.15),
         "granitemoehybrid-dense-nope": dict(hidden_size=256, shared_intermediate_size=256, mamba_n_heads=16,
                                                     mamba_d_head=32)}
@@ -98,8 +98,6 @@ CASES = [("llama", "F32"), ("llama", "BF16"), ("llama", "Q8_0"), ("llama", "Q4_0
          ("granitemoehybrid-dense-nope", "F32"), ("granitemoehybrid-dense-nope", "Q8_0"),
          ("granitemoehybrid-dense-nope", "Q4_0"), ("granitemoehybrid-dense-nope", "Q4_K_M"),
          ("bamba", "Q8_0"), ("bamba", "Q4_K_M")]
-# Bamba rotates half of each head, which llama.cpp's metadata says as attn_rotary_emb: set it to match.
-CHECKPOINT = {"bamba": dict(attn_rotary_emb=8)}
 FILE_TYPES = {"F32": (default_types(T.F32), gguf.LlamaFileType.ALL_F32),
               "BF16": (default_types(T.BF16), gguf.LlamaFileType.MOSTLY_BF16),
               "Q8_0": (default_types(T.Q8_0), gguf.LlamaFileType.MOSTLY_Q8_0),
@@ -114,7 +112,7 @@ def gguf_model(tiny_checkpoint, tmp_path_factory):
 
     def make(name, kind):
         if (name, kind) not in built:
-            directory, hf = tiny_checkpoint(name, **(WIDE[name] if kind == "Q4_K_M" else CHECKPOINT.get(name, {})))
+            directory, hf = tiny_checkpoint(name, **(WIDE[name] if kind == "Q4_K_M" else {}))
             path = tmp_path_factory.mktemp("gguf") / f"{name}-{kind}.gguf"
             types, file_type = FILE_TYPES[kind]
             built[name, kind] = path, oracle_model(hf, write_gguf(directory, path, types, file_type))
@@ -269,7 +267,7 @@ def layout(path):
 @pytest.mark.skipif(not LLAMA_CPP, reason="set LLAMA_CPP_DIR to llama.cpp's source to run its converter")
 @pytest.mark.parametrize("name", ["llama", "granitemoehybrid-dense-nope", "bamba"])
 def test_llama_cpps_converter_writes_the_layout_the_tests_write_and_runs(name, tiny_checkpoint, tmp_path):
-    directory, hf = tiny_checkpoint(name, **CHECKPOINT.get(name, {}))
+    directory, hf = tiny_checkpoint(name)
     source = tmp_path / "checkpoint"
     shutil.copytree(directory, source)
     config = json.loads((source / "config.json").read_text())
