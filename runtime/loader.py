@@ -139,6 +139,8 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     tp = config.tensor_parallel_size
+    if (gguf := gguf_path(config.model)) is not None:
+        return _build_from_gguf(cls, config, device, gguf)
     # With tensor parallelism, parameters are built on the meta device (no memory), narrowed to this
     # rank's shard, and only then allocated: a rank never holds more than its part of the weights.
     with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1):
@@ -146,12 +148,21 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
     allocate_parameters(model, device)
     model.tie_weights()
-    if (gguf := gguf_path(config.model)) is not None:
-        if tp > 1:
-            raise CheckpointError("GGUF files run on one process; leave --tensor-parallel-size at 1")
-        load_gguf_weights(model, gguf, config.hf_config, DTYPES[config.model_dtype])
-        return model.eval()
     load_weights(model, checkpoint_files(config.model_dir), shards, state.rank(), tp)
+    return model.eval()
+
+
+def _build_from_gguf(cls: type, config: EngineConfig, device: torch.device, gguf: Path) -> CausalLM:
+    """A GGUF file's model: built on the meta device, its quantized linears swapped in, then the rest allocated."""
+    if config.tensor_parallel_size > 1:
+        raise CheckpointError("GGUF files run on one process; leave --tensor-parallel-size at 1")
+    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(True):
+        model = cls(config.dims)
+
+    def allocate(model: torch.nn.Module) -> None:
+        allocate_parameters(model, device)
+        model.tie_weights()
+    load_gguf_weights(model, gguf, config.hf_config, DTYPES[config.model_dtype], device, allocate)
     return model.eval()
 
 

@@ -89,7 +89,7 @@ def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]
     arch = gguf_config.architecture(path)
     table, fused = {"llama": (LLAMA, {}), "bamba": (BAMBA, {}),
                     "granitemoehybrid": (GRANITE_HYBRID, GRANITE_HYBRID_FUSED)}[hf["model_type"]]
-    names = {**GLOBAL, "output_norm.weight": "model.final_layernorm.weight"} if hf["model_type"] == "bamba" else GLOBAL
+    top = {**GLOBAL, "output_norm.weight": "model.final_layernorm.weight"} if hf["model_type"] == "bamba" else GLOBAL
     _check_types(path)
     raw = {t.name: t for t in gguf_config.reader(path).tensors}
     out, used, sources = {}, set(), {}
@@ -107,7 +107,7 @@ def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]
             continue
         match = BLOCK.fullmatch(name)
         suffix = match.group(2) if match else None
-        hf_name = names.get(name) if match is None else (
+        hf_name = top.get(name) if match is None else (
             f"model.layers.{match.group(1)}.{table[suffix]}" if suffix in table else None)
         if hf_name is None:
             raise ConfigError(f"{path.name}: unexpected tensor {name} for GGUF architecture {arch!r}")
@@ -143,11 +143,14 @@ def _shape(value: Tensor) -> tuple[int, ...]:
     return (value.rows, value.in_features) if isinstance(value, Quantized) else tuple(value.shape)
 
 
-def load_gguf_weights(model: torch.nn.Module, path: Path, hf: dict, dtype: torch.dtype) -> int:
-    """Fill `model` from the GGUF file; returns how many linears stay quantized."""
+def load_gguf_weights(model: torch.nn.Module, path: Path, hf: dict, dtype: torch.dtype, device: torch.device,
+                      allocate: Callable[[torch.nn.Module], None]) -> int:
+    """Fill `model`, built with its parameters on the meta device, from the GGUF file: the quantized linears are
+    swapped in first, so that their float weights are never allocated; `allocate` gives the other parameters
+    memory (and ties the embeddings). Returns how many linears stay quantized."""
     tensors, sources = hf_tensors(path, hf)
     params = dict(model.named_parameters())
-    plan: dict[str, tuple[str, Tensor]] = {}
+    plan: dict[str, Tensor] = {}
     for hf_name, value in tensors.items():
         target = model.checkpoint_name(hf_name)
         if target is None:
@@ -158,27 +161,37 @@ def load_gguf_weights(model: torch.nn.Module, path: Path, hf: dict, dtype: torch
         if _shape(value) != tuple(params[target].shape):
             raise ConfigError(f"{path.name}: tensor {sources[hf_name]} has shape {_shape(value)} (as {hf_name}) but "
                               f"the metadata makes it {tuple(params[target].shape)}; the file is inconsistent")
-        plan[target] = (hf_name, value)
+        plan[target] = value
+    count = _swap_quantized(model, plan, dtype, device)
+    allocate(model)
+    params = dict(model.named_parameters())
     missing = sorted(set(params) - set(plan))
     if missing:
         raise ConfigError(f"{path.name}: tensors missing from the GGUF file for {', '.join(missing[:5])}")
-    return _apply(model, params, plan, dtype)
-
-
-def _apply(model, params, plan, dtype) -> int:
-    quantized = []
     with torch.no_grad():
-        for target, (_, value) in plan.items():
-            module_name = target.removesuffix(".weight")
-            module = model.get_submodule(module_name) if target.endswith(".weight") else None
-            if isinstance(value, Quantized) and isinstance(module, torch.nn.Linear) and quantizes(module_name):
-                quantized.append((module_name, module, value))
-                continue
-            params[target].copy_(_float(value))
-        for module_name, module, value in quantized:
-            parent_name, _, child = module_name.rpartition(".")
-            bias = None if module.bias is None else module.bias.detach()
-            setattr(model.get_submodule(parent_name), child, QuantLinear.loaded(
-                value.in_features, f"gguf-{value.kind.lower()}", dtype, value.qweight, value.scales,
-                value.group_size, value.offsets, bias))
-    return len(quantized)
+        for target, param in params.items():
+            param.copy_(_float(plan[target]))
+    return count
+
+
+def _swap_quantized(model: torch.nn.Module, plan: dict[str, Tensor], dtype: torch.dtype, device: torch.device) -> int:
+    """Replace each decoder nn.Linear whose weight the file holds quantized by a QuantLinear (its plan entries,
+    weight and bias, are consumed)."""
+    swapped = [name.removesuffix(".weight") for name, value in plan.items() if isinstance(value, Quantized)]
+    count = 0
+    for module_name in swapped:
+        module = model.get_submodule(module_name)
+        if not isinstance(module, torch.nn.Linear) or not quantizes(module_name):
+            continue
+        value = plan.pop(f"{module_name}.weight")
+        bias = plan.pop(f"{module_name}.bias", None)
+        parent_name, _, child = module_name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, QuantLinear.loaded(
+            value.in_features, f"gguf-{value.kind.lower()}", dtype, *_to(device, value.qweight, value.scales),
+            value.group_size, *_to(device, value.offsets, None if bias is None else _float(bias))))
+        count += 1
+    return count
+
+
+def _to(device, *tensors):
+    return [None if t is None else t.to(device) for t in tensors]
