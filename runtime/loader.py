@@ -154,10 +154,13 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
 
 def _build_from_gguf(cls: type, config: EngineConfig, device: torch.device, gguf: Path) -> CausalLM:
     """A GGUF file's model: built on the meta device, its quantized linears swapped in, then the rest allocated."""
-    if config.tensor_parallel_size > 1:
-        raise CheckpointError("GGUF files run on one process; leave --tensor-parallel-size at 1")
+    # getattr: pipeline parallelism comes with another branch.
+    if config.tensor_parallel_size > 1 or getattr(config, "pipeline_parallel_size", 1) > 1:
+        raise CheckpointError("GGUF files run on one process; leave --tensor-parallel-size and "
+                              "--pipeline-parallel-size at 1")
     with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(True):
         model = cls(config.dims)
+    model.weight_shards = {}  # none: one process (LoRA cuts its slots like the weights, on main)
 
     def allocate(model: torch.nn.Module) -> None:
         allocate_parameters(model, device)
