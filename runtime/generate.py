@@ -41,8 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 # The one rule, said the same way in --help and the docs (docs/usage/offline_inference.md, README.md).
-MODEL_RULE = ("The model is --model DIR, or else the first argument when it names an existing directory (default: "
-              "the small model shipped with Tandem). A first argument shaped like a path (it starts with ./, ../, / "
+MODEL_RULE = ("The model is --model DIR, or else the first argument when it names an existing directory or .gguf "
+              "file (default: the small model shipped with Tandem). A first argument shaped like a path (it starts with ./, ../, / "
               "or ~, or ends with /) that is not a directory is an error; anything else is a prompt.")
 PATH_PREFIXES = ("./", "../", "/", "~")
 
@@ -73,8 +73,10 @@ def split_model(args: list[str], model: str | None, stdin: TextIO) -> tuple[str 
 
 
 def _is_dir(text: str) -> bool:
+    """A model directory, or a GGUF file (which is a model too)."""
     try:
-        return Path(text).expanduser().is_dir()
+        path = Path(text).expanduser()
+        return path.is_dir() or (path.suffix == ".gguf" and path.is_file())
     except OSError:  # a prompt longer than a file name may be
         return False
 

@@ -51,6 +51,9 @@ def config_path(model: str | Path) -> Path:
 
 
 def load_raw_config(model: str | Path) -> dict[str, Any]:
+    from runtime.gguf.config import gguf_path, raw_config  # a GGUF file (or a directory holding one) is a model
+    if (gguf := gguf_path(model)) is not None:
+        return raw_config(gguf)
     path = config_path(model)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"), object_hook=_decode_special_floats)

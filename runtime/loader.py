@@ -22,6 +22,9 @@ from runtime.config import EngineConfig
 from runtime.distributed import state
 from runtime.distributed.sharding import shard_model
 from runtime.dtypes import DTYPES
+from runtime.gguf.config import gguf_path
+from runtime.gguf.tokenizer import load_gguf_tokenizer
+from runtime.gguf.weights import load_gguf_weights
 from runtime.layers.parallel import Shard
 from runtime.models.causal_lm import CausalLM
 from runtime.quant import loading as quant_loading
@@ -47,6 +50,8 @@ def check_tokenizer_files(model_dir: Path) -> None:
 
 def load_tokenizer(config: EngineConfig) -> Any:
     """transformers' tokenizer for the directory; its files are checked first, so a missing one is named."""
+    if (gguf := gguf_path(config.model)) is not None:
+        return load_gguf_tokenizer(gguf)
     check_tokenizer_files(config.model_dir)
     # AutoTokenizer would read config.json again, only for these fields, and refuse the spellings we
     # translate (mamba_ssm's, pre-4.48 Zamba2's): hand it our reading instead.
@@ -135,6 +140,8 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    if (gguf := gguf_path(config.model)) is not None:
+        return _build_from_gguf(cls, config, device, gguf)
     # With tensor parallelism, parameters are built on the meta device (no memory), narrowed to this
     # rank's shard, and only then allocated: a rank never holds more than its part of the weights.
     # With pipeline parallelism, the layers of other stages are dropped before anything is allocated.
@@ -158,6 +165,23 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     quant_loading.finish(model, pending, device)
     if stage is not None:
         model.stage_model = stage
+    return model.eval()
+
+
+def _build_from_gguf(cls: type, config: EngineConfig, device: torch.device, gguf: Path) -> CausalLM:
+    """A GGUF file's model: built on the meta device, its quantized linears swapped in, then the rest allocated."""
+    # getattr: pipeline parallelism comes with another branch.
+    if config.tensor_parallel_size > 1 or getattr(config, "pipeline_parallel_size", 1) > 1:
+        raise CheckpointError("GGUF files run on one process; leave --tensor-parallel-size and "
+                              "--pipeline-parallel-size at 1")
+    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(True):
+        model = cls(config.dims)
+    model.weight_shards = {}  # none: one process (LoRA cuts its slots like the weights, on main)
+
+    def allocate(model: torch.nn.Module) -> None:
+        allocate_parameters(model, device)
+        model.tie_weights()
+    load_gguf_weights(model, gguf, config.hf_config, DTYPES[config.model_dtype], device, allocate)
     return model.eval()
 
 

@@ -73,7 +73,7 @@ class BambaForCausalLM(ModelDeclaration):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.bamba.model:BambaForCausalLM"
-    quantizations = ("int8", "int4", "compressed-tensors")
+    quantizations = ("int8", "int4", "compressed-tensors", "gguf")
     defaults = MAMBA2_HYBRID_DEFAULTS
 
     @classmethod

@@ -63,7 +63,7 @@ class GraniteMoeHybridForCausalLM(BambaForCausalLM):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=LORA_NO_EXPERTS)
     implementation = "runtime.models.granitemoehybrid.model:GraniteMoeHybridForCausalLM"
-    quantizations = ("int8", "int4", "compressed-tensors")
+    quantizations = ("int8", "int4", "compressed-tensors", "gguf")
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "num_key_value_heads": None}
 
     @classmethod

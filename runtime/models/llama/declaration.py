@@ -31,7 +31,7 @@ class LlamaForCausalLM(ModelDeclaration):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.llama.model:LlamaForCausalLM"
-    quantizations = ("int8", "int4", "compressed-tensors")
+    quantizations = ("int8", "int4", "compressed-tensors", "gguf")
     defaults = {"num_attention_heads": 32, "num_hidden_layers": 32, "hidden_size": 4096}
 
     @classmethod
