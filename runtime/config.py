@@ -95,7 +95,8 @@ class EngineConfig:
     quantization: str | None = field(default=None, metadata=option(
         "quantize the decoder layers' linear weights on loading: int8 (one scale per output channel) or int4 "
         "(one scale per 128 inputs); embeddings, the LM head, norms and SSM parameters keep the model dtype "
-        "(default: none; see docs/features/quantization.md)", choices=QUANTIZATIONS))
+        "(default: none; see docs/features/quantization.md)", choices=QUANTIZATIONS, plan=True,
+        plan_help="the format whose weight bytes the plan marks: int8 or int4 (it prints all of them)"))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
     max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))

@@ -33,15 +33,17 @@ def engine_options(args: argparse.Namespace) -> dict:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan", help="explain a model's cache layout from its config.json",
-        description="Explain a model's cache layout from its config.json alone (no weights, no torch): the "
+        description="Explain a model's cache layout from its config.json alone (no weights): the "
                     "layers, the attention bytes per token, each Mamba layer's state, the block size that "
                     "makes an attention page hold a Mamba page, the padding, and with --kv-cache-memory "
-                    "and --max-model-len how many sequences fit.",
+                    "and --max-model-len how many sequences fit; with --quantization or --kv-cache-memory, the "
+                    "weight bytes in the model dtype, int8 and int4 (and with the pool).",
         epilog=examples(
             "tandem plan docs/configs/ibm-ai-platform__Bamba-9B",
             "tandem plan docs/configs/ibm-ai-platform__Bamba-9B --dtype bfloat16 --kv-cache-memory 8GiB "
             "--max-model-len 4096",
             "tandem plan docs/configs/ibm-ai-platform__Bamba-9B --tp 2 --json",
+            "tandem plan docs/configs/meta-llama__Llama-3.2-1B --quantization int4",
         ))
     parser.add_argument("model", help="a model directory or its config.json")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -124,11 +126,28 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
             report["padding_pct"] = round(spec.padding_pct, 4)
     if config.enable_prefix_caching:
         report["prefix_cache"] = prefix_cache_report(config)
+    report["weights"] = weights_report(config, memory)
     if memory is not None:
         report["fit"] = {"memory_bytes": memory, "max_model_len": max_model_len,
                          "pages_per_sequence": layout.pages_per_sequence(max_model_len),
                          "num_page_ids": memory // layout.bytes_per_page_id,
                          "max_num_sequences": layout.max_num_sequences(memory, max_model_len)}
+    return report
+
+
+def weights_report(config: EngineConfig, memory: int | None) -> dict[str, Any] | None:
+    """The weights' bytes in the model dtype and quantized (runtime.weight_bytes, a model built on the meta
+    device: torch is imported for this alone), and with a pool each format's weights plus the pool. Only
+    where --quantization or --kv-cache-memory asks: building a large MoE (Qwen3-Next's 512 experts a layer),
+    even on the meta device, takes a minute."""
+    if not config.declaration.implementation or (config.quantization is None and memory is None):
+        return None
+    from runtime.weight_bytes import FORMATS, model_weight_bytes
+
+    sizes = {scheme or config.model_dtype: size for scheme, size in model_weight_bytes(config, FORMATS).items()}
+    report: dict[str, Any] = {"bytes": sizes, "quantization": config.quantization}
+    if memory is not None:
+        report["with_pool_bytes"] = {name: size + memory for name, size in sizes.items()}
     return report
 
 
@@ -194,7 +213,21 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"state          {kind}: {states} = {_bytes(m['page_size_bytes'])} per sequence per layer")
         lines.append(f"state dtype    {m['state_dtype']} ({m['state_dtype_from']})")
     lines.extend(_format_pages(r))
+    lines.extend(_format_weights(r.get("weights"), r["tensor_parallel_size"]))
     return "\n".join(lines)
+
+
+def _format_weights(w: dict[str, Any] | None, tp: int) -> list[str]:
+    """A line per format, the chosen one (--quantization, or none: the model dtype) marked."""
+    if not w:
+        return []
+    chosen = w["quantization"] or next(iter(w["bytes"]))
+    ranks = f" (the whole model; each of {tp} ranks holds about 1/{tp})" if tp > 1 else ""
+    lines = [f"weights        decoder linears quantized, the rest in the model dtype{ranks}:"]
+    for name, size in w["bytes"].items():
+        pool = f"; with the pool {_bytes(w['with_pool_bytes'][name])}" if "with_pool_bytes" in w else ""
+        lines.append(f"  {'*' if name == chosen else ' '} {name:<10} {_bytes(size)}{pool}")
+    return lines
 
 
 def _format_pages(r: dict[str, Any]) -> list[str]:

@@ -41,23 +41,28 @@ def tensor_bytes(name: str, shape, dtype_bytes: int, scheme: str | None) -> int:
     return numel * dtype_bytes
 
 
-def model_weight_bytes(config, scheme: str | None) -> int:
-    """Bytes of the engine's model for this EngineConfig with `scheme` (None, int8, int4), built on the meta
-    device; tied weights count once."""
-    from runtime.loader import default_dtype
+def model_weight_bytes(config, schemes=FORMATS) -> dict[str | None, int]:
+    """Bytes of the engine's model for this EngineConfig with each of `schemes` (None, int8, int4), from one
+    model built on the meta device; tied weights count once."""
     from runtime.dtypes import DTYPES
+    from runtime.loader import default_dtype
 
     module_name, _, class_name = config.declaration.implementation.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     with default_dtype(DTYPES[config.model_dtype]), torch.device("meta"):
         model = cls(config.dims)
     model.tie_weights()
+    return {scheme: _bytes(model, scheme) for scheme in schemes}
+
+
+def _bytes(model: nn.Module, scheme: str | None) -> int:
     seen: set[int] = set()
     total = 0
-    for name, module in model.named_modules():
-        if scheme is not None and type(module) in QUANTIZED and quantizes(name):
-            total += _quantized_module_bytes(module, scheme)
-            seen.update(id(t) for t in [*module.parameters(), *module.buffers()])
+    if scheme is not None:
+        for name, module in model.named_modules():
+            if type(module) in QUANTIZED and quantizes(name):
+                total += _quantized_module_bytes(module, scheme)
+                seen.update(id(t) for t in [*module.parameters(), *module.buffers()])
     for tensor in [*model.parameters(), *model.buffers()]:
         if id(tensor) not in seen:
             seen.add(id(tensor))
