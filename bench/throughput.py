@@ -4,6 +4,8 @@
     python bench/throughput.py --models hybrid --dtypes float32 --prompts 8
     python bench/throughput.py --vllm-python ~/vllm-venv/bin/python --workloads short,long
     python bench/throughput.py --engines tandem --baseline ../before --repeats 3   # before/after a change
+    python bench/throughput.py --llamacpp /work/llamacpp/build --engines tandem --models hybrid-1b,llama-1b \
+        --dtypes bfloat16,int8,int4 --prompts 1       # against llama.cpp BF16, Q8_0, Q4_K_M (bench/llamacpp.py)
 
 Builds (once, cached under --cache) ~100M-parameter random checkpoints: a Bamba-style
 hybrid (Granite 4.0-H's architecture with a dense MLP; hidden 768, 12 layers of which 2 attention,
@@ -29,6 +31,10 @@ each run's ratio and their median).
 `--repeats N` runs every (model, dtype) N times, the engines taking turns (Tandem, vLLM, Tandem, ...),
 so that a slow spell of a shared machine falls on both; the table gives each figure's median over the
 runs, and a line per (model, dtype) the ratio of each round.
+
+`--llamacpp PATH` adds llama.cpp (bench/llamacpp.py: how it was built, converted and run); `--dtypes int8,int4`
+are Tandem's `quantization=` on the bfloat16 model, against llama.cpp's Q8_0 and Q4_K_M. `hybrid-1b` and
+`llama-1b` are ~1B-parameter bfloat16 models (1.23B hybrid, 1.04B Llama) for one sequence.
 
 `--baseline DIR` adds the engine `baseline`: Tandem run from another checkout (a `git worktree add ../before
 COMMIT`), taking turns with this one, for a before/after comparison in one run.
