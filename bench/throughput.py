@@ -144,9 +144,9 @@ def timed_runs(generate, output_len: int) -> dict:
 def run_tandem(directory: Path, dtype: str, ids: list[list[int]], output_len: int, threads: int) -> dict:
     from runtime import LLM, SamplingParams
 
-    quantization = dtype if dtype in QUANTIZED else None
+    quantization = {"quantization": dtype} if dtype in QUANTIZED else {}  # a baseline may predate the option
     llm = LLM(directory, dtype=QUANTIZED.get(dtype, dtype), max_num_seqs=len(ids),
-              max_model_len=len(ids[0]) + output_len + 16, threads=threads, quantization=quantization)
+              max_model_len=len(ids[0]) + output_len + 16, threads=threads, **quantization)
     prompts_ = [{"prompt_token_ids": p} for p in ids]
 
     def generate(n: int) -> int:
