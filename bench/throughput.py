@@ -371,8 +371,11 @@ def report(args: argparse.Namespace) -> None:
                 if args.repeats > 1:
                     rounds.append(round_ratios(f"{name} {model} {dtype}", runs))
                 if not args.skip_floor and name == "short":
-                    floors += batch1_floors(model, dtype, [e for e in turns if e in ("tandem", "llamacpp")], args,
-                                            (1, input_len, output_len))
+                    engines1 = [e for e in turns if e in ("tandem", "llamacpp")]
+                    # One sequence already: those runs measured the bandwidth after their decode.
+                    singles = ({e: runs[e] for e in engines1} if num_prompts == 1 else
+                               batch1_runs(engines1, model, dtype, args, (1, input_len, output_len)))
+                    floors += batch1_floors(model, dtype, singles, args.cache)
     print("\n" + "\n".join(rows))
     if rounds:
         print(f"\nmedians of {args.repeats} runs per engine; each round's ratios "
@@ -387,21 +390,26 @@ def report(args: argparse.Namespace) -> None:
     print(f"\n(total benchmark time {time.perf_counter() - started:.0f} s)")
 
 
-def batch1_floors(model: str, dtype: str, engines: list[str], args: argparse.Namespace,
-                  workload: tuple[int, int, int]) -> list[str]:
-    """One sequence in each engine, taking turns, each against the bytes its own weights take at this format."""
+def batch1_runs(engines: list[str], model: str, dtype: str, args: argparse.Namespace,
+                workload: tuple[int, int, int]) -> dict[str, list[dict]]:
+    """One sequence in each engine, taking turns."""
     runs = {engine: [] for engine in engines}
     for _ in range(args.repeats):
         for engine in engines:
             runs[engine].append(measure(engine, model, dtype, args, workload))
+    return runs
+
+
+def batch1_floors(model: str, dtype: str, runs: dict[str, list[dict]], cache: Path) -> list[str]:
+    """Each engine's one-sequence runs against the bytes its own weights take at this format."""
     rows = []
-    for engine in engines:
+    for engine in runs:
         if engine == "tandem":
-            label, weights = dtype, weight_bytes_per_step(model, dtype, args.cache)
+            label, weights = dtype, weight_bytes_per_step(model, dtype, cache)
         else:
             fmt = llamacpp_peer.FORMATS[dtype]
             label = f"llama.cpp {fmt}"
-            weights = llamacpp_peer.weight_bytes_per_step(llamacpp_peer.gguf_path(checkpoint_dir_of(model, args.cache),
+            weights = llamacpp_peer.weight_bytes_per_step(llamacpp_peer.gguf_path(checkpoint_dir_of(model, cache),
                                                                                  fmt))
         rows.append(floor_row(model, label, runs[engine], weights))
     return rows
