@@ -10,6 +10,9 @@ process (the vendored source stays as it is):
 3. The converter turns rope off for every hybrid GraniteMoeHybrid (IBM's Granite 4.0-H are NoPE); a
    checkpoint with `position_embedding_type: "rope"` (ours) needs it on.
 Published checkpoints (Granite 4.0-H, Nemotron-H, Qwen3-Next) convert without these.
+And one for this environment: the Llama converter imports sentencepiece before it looks for a tokenizer.model;
+without the package (not a Tandem dependency) a checkpoint with no tokenizer.model gets the FileNotFoundError
+the converter expects, and falls through to its GPT-2-style vocabulary, as with sentencepiece installed.
 """
 
 from __future__ import annotations
@@ -46,7 +49,15 @@ def patch(source: Path) -> None:
             self.gguf_writer.add_rope_scaling_finetuned(True)
             self.gguf_writer.add_context_length(self.hparams["max_position_embeddings"])
 
+    sentencepiece_vocab = base.TextModel._set_vocab_sentencepiece
+
+    def _set_vocab_sentencepiece(self, *args, **kwargs):
+        if not (self.dir_model / "tokenizer.model").is_file():
+            raise FileNotFoundError(self.dir_model / "tokenizer.model")
+        return sentencepiece_vocab(self, *args, **kwargs)
+
     attn_layers = granite.GraniteHybridModel.get_attn_layers
+    base.TextModel._set_vocab_sentencepiece = _set_vocab_sentencepiece
     base.TextModel.get_vocab_base_pre = get_vocab_base_pre
     granite.GraniteHybridModel.get_attn_layers = get_attn_layers
     granite.GraniteHybridModel.set_gguf_parameters = set_gguf_parameters
