@@ -8,7 +8,9 @@ process (the vendored source stays as it is):
 2. transformers 5 names GraniteMoeHybrid's layer types "full_attention" / "linear_attention"; the converter
    (written for transformers 4.57) matches only "attention" and would write zero KV heads everywhere.
 3. The converter turns rope off for every hybrid GraniteMoeHybrid (IBM's Granite 4.0-H are NoPE); a
-   checkpoint with `position_embedding_type: "rope"` (ours) needs it on.
+   checkpoint with `position_embedding_type: "rope"` (ours) needs it on. And with no experts (our dense MLP)
+   it writes `num_experts_per_tok`'s default 2 as the experts used, which llama.cpp's loader rejects
+   (n_expert_used_max <= n_expert): 0.
 Published checkpoints (Granite 4.0-H, Nemotron-H, Qwen3-Next) convert without these.
 And one for this environment: the Llama converter imports sentencepiece before it looks for a tokenizer.model;
 without the package (not a Tandem dependency) a checkpoint with no tokenizer.model gets the FileNotFoundError
@@ -48,6 +50,8 @@ def patch(source: Path) -> None:
         if self.hparams.get("position_embedding_type") == "rope":
             self.gguf_writer.add_rope_scaling_finetuned(True)
             self.gguf_writer.add_context_length(self.hparams["max_position_embeddings"])
+        if not self.hparams.get("num_local_experts"):  # a dense MLP: llama.cpp asserts used <= count
+            self.gguf_writer.add_expert_used_count(0)
 
     sentencepiece_vocab = base.TextModel._set_vocab_sentencepiece
 
