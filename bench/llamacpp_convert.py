@@ -12,6 +12,7 @@ process (the vendored source stays as it is):
    it writes `num_experts_per_tok`'s default 2 as the experts used, which llama.cpp's loader rejects
    (n_expert_used_max <= n_expert): 0.
 Published checkpoints (Granite 4.0-H, Nemotron-H, Qwen3-Next) convert without these.
+Our byte-level tokenizer has no merges, and llama.cpp refuses a BPE vocabulary without any: one is added.
 And one for this environment: the Llama converter imports sentencepiece before it looks for a tokenizer.model;
 without the package (not a Tandem dependency) a checkpoint with no tokenizer.model gets the FileNotFoundError
 the converter expects, and falls through to its GPT-2-style vocabulary, as with sentencepiece installed.
@@ -60,7 +61,15 @@ def patch(source: Path) -> None:
             raise FileNotFoundError(self.dir_model / "tokenizer.model")
         return sentencepiece_vocab(self, *args, **kwargs)
 
+    gpt2_vocab = base.TextModel._set_vocab_gpt2
+
+    def _set_vocab_gpt2(self, *args, **kwargs):
+        gpt2_vocab(self, *args, **kwargs)
+        if not any("tokenizer.ggml.merges" in kv for kv in self.gguf_writer.kv_data):
+            self.gguf_writer.add_token_merges(["a b"])  # never applied: the benchmarks feed token ids
+
     attn_layers = granite.GraniteHybridModel.get_attn_layers
+    base.TextModel._set_vocab_gpt2 = _set_vocab_gpt2
     base.TextModel._set_vocab_sentencepiece = _set_vocab_sentencepiece
     base.TextModel.get_vocab_base_pre = get_vocab_base_pre
     granite.GraniteHybridModel.get_attn_layers = get_attn_layers
