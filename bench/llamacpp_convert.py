@@ -53,6 +53,8 @@ def patch(source: Path) -> None:
             self.gguf_writer.add_context_length(self.hparams["max_position_embeddings"])
         if not self.hparams.get("num_local_experts"):  # a dense MLP: llama.cpp asserts used <= count
             self.gguf_writer.add_expert_used_count(0)
+            # and the dense MLP is the shared one: llama.cpp sizes it by feed_forward_length
+            self.gguf_writer.add_feed_forward_length(self.hparams["shared_intermediate_size"])
 
     sentencepiece_vocab = base.TextModel._set_vocab_sentencepiece
 
