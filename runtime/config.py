@@ -108,7 +108,8 @@ class EngineConfig:
         "(one scale per 128 inputs); embeddings, the LM head, norms and SSM parameters keep the model dtype. "
         "A checkpoint published quantized (quantization_config in config.json) loads as it is: fp8 or "
         "compressed-tensors may name its format, and must match it "
-        "(default: none; see docs/features/quantization.md)", choices=QUANTIZATIONS))
+        "(default: none; see docs/features/quantization.md)", choices=QUANTIZATIONS, plan=True,
+        plan_help="the format whose weight bytes the plan marks: int8 or int4 (it prints all of them)"))
     attention_alignment: int = ATTENTION_ALIGNMENT
     # Engine knobs (read by the engine, not by `tandem plan`).
     max_num_seqs: int = field(default=256, metadata=option("requests in the running batch at most", metavar="N"))

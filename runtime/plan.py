@@ -33,15 +33,17 @@ def engine_options(args: argparse.Namespace) -> dict:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan", help="explain a model's cache layout from its config.json",
-        description="Explain a model's cache layout from its config.json alone (no weights, no torch): the "
+        description="Explain a model's cache layout from its config.json alone (no weights): the "
                     "layers, the attention bytes per token, each Mamba layer's state, the block size that "
                     "makes an attention page hold a Mamba page, the padding, and with --kv-cache-memory "
-                    "and --max-model-len how many sequences fit.",
+                    "and --max-model-len how many sequences fit; with --quantization or --kv-cache-memory, the "
+                    "weight bytes in the model dtype, int8 and int4 (and with the pool).",
         epilog=examples(
             "tandem plan docs/configs/ibm-ai-platform__Bamba-9B",
             "tandem plan docs/configs/ibm-ai-platform__Bamba-9B --dtype bfloat16 --kv-cache-memory 8GiB "
             "--max-model-len 4096",
             "tandem plan docs/configs/ibm-ai-platform__Bamba-9B --tp 2 --json",
+            "tandem plan docs/configs/meta-llama__Llama-3.2-1B --quantization int4",
         ))
     parser.add_argument("model", help="a model directory or its config.json")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -135,6 +137,7 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
         report["lora"] = lora_report(config)
     if config.pipeline_parallel_size > 1:
         report["stages"] = stages_report(config)
+    report["weight_bytes"] = weights_report(config, memory)
     if memory is not None:
         # A sequence that verifies drafts also holds its state checkpoints while the step runs.
         spare = report.get("speculative", {}).get("checkpoint_page_ids_per_sequence", 0)
@@ -167,6 +170,24 @@ def stages_report(config: EngineConfig) -> list[dict[str, Any]]:
     return [{"stage": s.index, "first": s.first, "last": s.last, "pattern": "".join(LETTERS[k] for k in s.kinds),
              "weight_bytes": s.weight_bytes, "attention_pages": s.attention_pages, "state_pages": s.state_pages,
              "bytes_per_page_id": stage_bytes_per_page_id(config.cache, s.layers)} for s in stage_plan(config)]
+
+
+def weights_report(config: EngineConfig, memory: int | None) -> dict[str, Any] | None:
+    """The weights' bytes in the model dtype and quantized (runtime.weight_bytes, a model built on the meta
+    device: torch is imported for this alone), and with a pool each format's weights plus the pool. Only
+    where --quantization asks: building a large MoE (Qwen3-Next's 512 experts a layer),
+    even on the meta device, takes a minute."""
+    if not config.declaration.implementation or config.quantization is None:
+        return None
+    if config.checkpoint_quantization is not None:  # published quantized: the `weights` line names its format
+        return None
+    from runtime.weight_bytes import FORMATS, model_weight_bytes
+
+    sizes = {scheme or config.model_dtype: size for scheme, size in model_weight_bytes(config, FORMATS).items()}
+    report: dict[str, Any] = {"bytes": sizes, "quantization": config.quantization}
+    if memory is not None:
+        report["with_pool_bytes"] = {name: size + memory for name, size in sizes.items()}
+    return report
 
 
 def dtype_source(config: EngineConfig) -> str:
@@ -236,6 +257,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines.extend(_format_pages(r))
     if r.get("stages"):
         lines.extend(_format_stages(r))
+    lines.extend(_format_weights(r.get("weight_bytes"), r["tensor_parallel_size"]))
     return "\n".join(lines)
 
 
@@ -248,6 +270,19 @@ def _format_stages(r: dict[str, Any]) -> list[str]:
         lines.append(f"  stage {s['stage']:<6} layers {span:<7} {s['pattern']}")
         lines.append(f"               weights {_bytes(s['weight_bytes'])}; pages {s['attention_pages']:,} attention + "
                      f"{s['state_pages']:,} state; a page id spans {_bytes(s['bytes_per_page_id'])} here")
+    return lines
+
+
+def _format_weights(w: dict[str, Any] | None, tp: int) -> list[str]:
+    """A line per format, the chosen one (--quantization, or none: the model dtype) marked."""
+    if not w:
+        return []
+    chosen = w["quantization"] or next(iter(w["bytes"]))
+    ranks = f" (the whole model; each of {tp} ranks holds about 1/{tp})" if tp > 1 else ""
+    lines = [f"weights        decoder linears quantized, the rest in the model dtype{ranks}:"]
+    for name, size in w["bytes"].items():
+        pool = f"; with the pool {_bytes(w['with_pool_bytes'][name])}" if "with_pool_bytes" in w else ""
+        lines.append(f"  {'*' if name == chosen else ' '} {name:<10} {_bytes(size)}{pool}")
     return lines
 
 

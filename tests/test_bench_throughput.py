@@ -95,3 +95,14 @@ def test_batch1_child_measures_bandwidth_after_its_decode(tmp_path):
     assert 1e8 < result["copy_bandwidth"] < 1e12  # bytes per second: 0.1 GB/s to 1 TB/s
     # The copy's 512 MiB of buffers came after the peak was read.
     assert result["peak_rss_mib"] < 4 * 1024
+
+
+def test_llamacpp_rows_name_its_format_and_tandem_gets_the_ratio():
+    results = {"tandem": figures(1.0), "llamacpp": figures(2.5)}
+    others = ("hf", "vllm", "llamacpp")
+    tandem = throughput.table_row("short", "llama-1b", "int8", "tandem", results, 64, others)
+    assert tandem.startswith("| short | llama-1b | int8 | tandem |") and tandem.endswith("|  |  | 2.50x |")
+    peer = throughput.table_row("short", "llama-1b", "int8", "llamacpp", results, 64, others)
+    assert peer.startswith("| short | llama-1b | int8 | llama.cpp Q8_0 | 25.6 |") and peer.endswith("|  |  |  |")
+    assert throughput.llamacpp_peer.FORMATS == {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0",
+                                                "int4": "Q4_K_M"}

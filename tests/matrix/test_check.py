@@ -47,7 +47,7 @@ def test_a_changed_declaration_fails_the_check_until_render(cli, root, monkeypat
     assert cli("check", "--root", str(root)).code == 0
     table = (root / "docs/models/supported_models.md").read_text(encoding="utf-8")
     bamba = next(line for line in table.splitlines() if line.startswith("| `BambaForCausalLM`"))
-    assert bamba.endswith("| ❌ | ✅<sup>4</sup> | 🚧<sup>1</sup> | `int8`, `int4`, `compressed-tensors` |")
+    assert bamba.endswith("| ❌ | ✅<sup>4</sup> | 🚧<sup>1</sup> | `int8`, `int4`, `compressed-tensors`, `gguf` |")
     features = (root / "docs/usage/v1_guide.md").read_text(encoding="utf-8")
     assert f"Bamba: {LORA_NOTE}" in features
     assert snapshot(ROOT / "docs") == real_docs

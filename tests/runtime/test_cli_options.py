@@ -88,7 +88,7 @@ def test_every_engine_option_is_spelled_once_the_same_in_every_subcommand():
 # The options that change what `tandem plan` prints; the others (--seed, --threads, ...) only change a run.
 PLAN_OPTIONS = ("dtype", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "enable_prefix_caching",
                 "mamba_ssm_dtype", "max_model_len", "kv_cache_memory", "speculative_config", "enable_lora", "max_loras",
-                "max_lora_rank")
+                "max_lora_rank", "quantization")
 
 
 def test_plan_lists_only_options_that_change_a_plan_with_help_that_fits_it():
