@@ -111,6 +111,8 @@ class TensorParallelRunner:
         local = self.local
         plan, sample_seqs, prompt_seqs = plan_step(batch, local.layout.num_attention_groups,
                                                    local.layout.num_state_groups)
+        if self.stage_model is not None:
+            plan.greedy_ids = pipeline.greedy_ids_suffice(plan, sample_seqs)
         self.group.busy = True
         try:
             self.group.send(("execute", self.engine_id, plan))
