@@ -67,11 +67,3 @@ def test_a_stage_of_state_layers_only_has_no_attention_pages():
     stages = plan_stages(layers, 2)
     assert stages[0].attention_pages == 8 and stages[1].attention_pages == 0
     assert stages[1].kinds == ("mamba2",) * len(stages[1].layers)
-
-
-def test_lora_is_refused_with_stages(tiny_checkpoint):
-    directory, _ = tiny_checkpoint("bamba")
-    before = my_descendants()
-    with pytest.raises(ValueError, match="pipeline_parallel_size=2 does not run with enable_lora yet"):
-        LLM(directory, pipeline_parallel_size=2, enable_lora=True)
-    assert my_descendants() == before
