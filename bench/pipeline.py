@@ -5,8 +5,9 @@ step timings of PP=2 measured on this machine (the pipeline bubble as a fraction
     OMP_NUM_THREADS=1 python bench/pipeline.py --hidden-size 1024 --layers 8 --batch 8 --steps 32
 
 Per decode step of a batch of B sequences, each of the PP-1 stage boundaries sends one message of
-B x hidden values (the hidden states; the model's dtype), and the last stage sends the logits (B x vocab
-float32) to rank 0, which samples: PP messages, all on the step's critical path, each costing one hop's
+B x hidden values (the hidden states; the model's dtype), and the last stage sends rank 0 the greedy token
+ids it picked (B x 8 bytes) or, for a step with a request whose sampling reads the logits (logprobs,
+temperature, penalties, ...), the logits (B x vocab float32), which rank 0 samples: PP messages, all on the step's critical path, each costing one hop's
 latency plus its bytes over the link. Tensor parallelism all-reduces twice per layer plus once for the
 embedding and gathers the logits (bench/allreduce.py's ring model, the same link figures, assumed:
 NVLink 4 450 GB/s and 1 us per hop; 100 Gb/s Ethernet 12.5 GB/s and 10 us per hop). The step plan both
@@ -14,7 +15,7 @@ send from rank 0 (a few KiB of token and page ids) is left out of both.
 
 The measured part builds a random Bamba checkpoint (tests/tiny_models.py, float32), starts a 2-stage gloo
 group on this machine, prefills `--batch` prompts and times `--steps` decode steps on rank 0: its own
-stage's compute, and its wait for the logits (runtime.distributed.state.record counts the sends and
+stage's compute, and its wait for the token ids (runtime.distributed.state.record counts the sends and
 receives). Without micro-batches in flight, rank 0 waits while stage 1 computes: that wait over the step
 is the bubble. Figures: docs/features/pipeline_parallel.md.
 """
@@ -36,16 +37,19 @@ from allreduce import LINKS, projected_seconds  # noqa: E402
 BAMBA_9B = (4096, 32, 128256)  # hidden, layers, vocabulary
 
 
-def pipeline_traffic(pp: int, batch: int, hidden: int, vocab: int, dtype_bytes: int = 2) -> tuple[int, int]:
-    """(messages, bytes) one decode step sends between stages and back to rank 0."""
+def pipeline_traffic(pp: int, batch: int, hidden: int, vocab: int, dtype_bytes: int = 2,
+                     logits: bool = False) -> tuple[int, int]:
+    """(messages, bytes) one decode step sends between stages and back to rank 0: token ids (greedy), or
+    the logits (`logits`: a request of the step reads them)."""
     if pp == 1:
         return 0, 0
-    return pp, (pp - 1) * batch * hidden * dtype_bytes + batch * vocab * 4
+    return pp, (pp - 1) * batch * hidden * dtype_bytes + batch * (vocab * 4 if logits else 8)
 
 
-def pipeline_seconds(pp: int, batch: int, hidden: int, vocab: int, bandwidth: float, hop: float) -> float:
+def pipeline_seconds(pp: int, batch: int, hidden: int, vocab: int, bandwidth: float, hop: float,
+                     logits: bool = False) -> float:
     """Point to point, one after another: each message a hop's latency plus its bytes over the link."""
-    messages, nbytes = pipeline_traffic(pp, batch, hidden, vocab)
+    messages, nbytes = pipeline_traffic(pp, batch, hidden, vocab, logits=logits)
     return messages * hop + nbytes / bandwidth
 
 
@@ -60,8 +64,9 @@ def projection(batch: int) -> list[str]:
     lines = [f"projection, Bamba-9B-sized (hidden {hidden}, {layers} layers, vocabulary {vocab}, bfloat16), "
              f"per decode step of batch {batch} (links assumed, see the docstring):",
              f"  {'':24s} {'':18s} " + " ".join(f"{'N=' + str(n):>10s}" for n in (2, 4, 8))]
-    traffic = [pipeline_traffic(n, batch, hidden, vocab) for n in (2, 4, 8)]
-    lines.append(f"  {'PP messages, bytes':24s} {'':18s} " + " ".join(f"{m:3d} {b / 1024:5.0f}K" for m, b in traffic))
+    for logits, label in ((False, "PP messages, bytes"), (True, "PP with logits")):
+        traffic = [pipeline_traffic(n, batch, hidden, vocab, logits=logits) for n in (2, 4, 8)]
+        lines.append(f"  {label:24s} {'':18s} " + " ".join(f"{m:3d} {b / 1024:5.0f}K" for m, b in traffic))
     reduces = 2 * layers + 2
     tp_bytes = [(2 * layers + 1) * batch * hidden * 2 + batch * vocab * 4 / n for n in (2, 4, 8)]
     lines.append(f"  {'TP collectives, bytes':24s} {'':18s} " + " ".join(f"{reduces:3d} {b / 1024:5.0f}K"
@@ -69,7 +74,9 @@ def projection(batch: int) -> list[str]:
     for link, (bandwidth, hop) in LINKS.items():
         pp = [pipeline_seconds(n, batch, hidden, vocab, bandwidth, hop) for n in (2, 4, 8)]
         tp = [tensor_seconds(n, batch, hidden, layers, vocab, bandwidth, hop) for n in (2, 4, 8)]
+        with_logits = [pipeline_seconds(n, batch, hidden, vocab, bandwidth, hop, logits=True) for n in (2, 4, 8)]
         lines.append(f"  {'PP':24s} {link:18s} " + " ".join(f"{t * 1e3:8.3f}ms" for t in pp))
+        lines.append(f"  {'PP with logits':24s} {link:18s} " + " ".join(f"{t * 1e3:8.3f}ms" for t in with_logits))
         lines.append(f"  {'TP':24s} {link:18s} " + " ".join(f"{t * 1e3:8.3f}ms" for t in tp))
     return lines
 
@@ -109,7 +116,7 @@ def measure(args) -> list[str]:
         f"float32; rank 0 per decode step (mean of {len(steps)}):",
         f"  sends    {stats.counts.get('send', 0)} ({stats.bytes.get('send', 0) / 1024:.1f} KiB, the hidden states), "
         f"{send * 1e3:.2f} ms",
-        f"  receives {stats.counts.get('recv', 0)} ({stats.bytes.get('recv', 0) / 1024:.1f} KiB, the logits), "
+        f"  receives {stats.counts.get('recv', 0)} ({stats.bytes.get('recv', 0)} B, the greedy token ids), "
         f"{wait * 1e3:.2f} ms waiting for stage 1",
         f"  step {step * 1e3:.2f} ms: rank 0 idle {wait * 1e3:.2f} ms, the bubble is {wait / step:.0%} of the step",
     ]

@@ -70,12 +70,6 @@ def check_capabilities(config: EngineConfig) -> None:
         require(caps.feature(Feature.LORA), "LoRA adapters")
     if config.pipeline_parallel_size > 1:
         require(caps.feature(Feature.PIPELINE_PARALLEL), "pipeline parallelism")
-        # Not run through the stages yet (their steps and adapters are not sent to the other stages).
-        for unsupported, name in ((config.speculative is not None, "speculative_config"),
-                                  (config.enable_lora, "enable_lora")):
-            if unsupported:
-                raise ValueError(f"{spell('pipeline_parallel_size', config.pipeline_parallel_size)} does not run "
-                                 f"with {spell(name)} yet; drop one of them")
     if config.enable_chunked_prefill:
         require(caps.feature(Feature.CHUNKED_PREFILL), f"chunked prefill (pass {spell('enable_chunked_prefill', False)})")
 

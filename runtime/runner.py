@@ -263,6 +263,9 @@ class StepPlan:
     prompt_rows: list[tuple[int, int, int]]
     num_generated: int = 0  # the last prefill sequences, whose chunks hold generated tokens only
     loras: list = field(default_factory=list)  # per sequence: its LoRARequest or None (empty: no adapter at all)
+    # Pipeline parallelism: the last stage picks the greedy tokens and sends their ids, not the logits
+    # (set by rank 0 only where that is exact: runtime.distributed.pipeline.greedy_ids_suffice).
+    greedy_ids: bool = False
 
 
 def plan_step(batch: Batch, num_attention_groups: int,

@@ -18,15 +18,18 @@ def test_pipeline_benchmark_measures_and_projects(tmp_path):
            "TANDEM_CPU_COMPILE": "0"}
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    # Rank 0 sends the hidden states once (2 x 64 float32) and receives the logits once (2 x 320 float32).
+    # Rank 0 sends the hidden states once (2 x 64 float32) and receives the greedy token ids once (2 x int64),
+    # not the logits (2 x 320 float32).
     assert "sends    1 (0.5 KiB, the hidden states)" in out.stdout
-    assert "receives 1 (2.5 KiB, the logits)" in out.stdout
+    assert "receives 1 (16 B, the greedy token ids)" in out.stdout
     assert re.search(r"the bubble is \d+% of the step", out.stdout)
-    rows = [line.split()[0] for line in out.stdout.splitlines() if re.match(r"\s+(PP|TP)\s+(NVLink|100)", line)]
-    assert rows == ["PP", "TP", "PP", "TP"]
+    rows = [" ".join(line.split()[:2]) for line in out.stdout.splitlines() if re.search(r"\d+\.\d+ms", line)]
+    assert rows == ["PP NVLink", "PP with", "TP NVLink", "PP 100", "PP with", "TP 100"]
 
 
 def test_traffic_per_decode_step():
-    # PP=4, batch 8, Bamba-9B: 3 boundaries of 8 x 4096 bfloat16, then 8 x 128256 float32 logits to rank 0.
-    assert pipeline_traffic(4, 8, 4096, 128256) == (4, 3 * 8 * 4096 * 2 + 8 * 128256 * 4)
+    # PP=4, batch 8, Bamba-9B: 3 boundaries of 8 x 4096 bfloat16, then 8 token ids (or 8 x 128256 float32
+    # logits) to rank 0.
+    assert pipeline_traffic(4, 8, 4096, 128256) == (4, 3 * 8 * 4096 * 2 + 8 * 8)
+    assert pipeline_traffic(4, 8, 4096, 128256, logits=True) == (4, 3 * 8 * 4096 * 2 + 8 * 128256 * 4)
     assert pipeline_traffic(1, 8, 4096, 128256) == (0, 0)

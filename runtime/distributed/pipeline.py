@@ -303,18 +303,57 @@ def run_stage(runner: Any, plan: Any) -> torch.Tensor | None:
         hidden = runner.model(step.input_ids, step.positions)
     stage.inbox = None
     num_rows = len(plan.logits_indices) + sum(n for *_, n in plan.prompt_rows)
+    vocab_size = runner.model.config.vocab_size
     if not place.last:
         output, stage.outbox = stage.outbox, None
         state.send(output.to(stage.boundary_dtype).contiguous(), place.next)
         if place.rank != 0:
             return None
-        logits = torch.empty(num_rows, runner.model.config.vocab_size, dtype=torch.float32, device=runner.device)
+        if plan.greedy_ids:
+            ids = torch.empty(num_rows, dtype=torch.long, device=runner.device)
+            state.recv(ids, place.logits_rank)
+            return greedy_logits(ids, vocab_size)
+        logits = torch.empty(num_rows, vocab_size, dtype=torch.float32, device=runner.device)
         state.recv(logits, place.logits_rank)
         return logits
     rows = [step.logits_indices] + [torch.arange(row, row + n, device=runner.device) for _, row, n in plan.prompt_rows]
     logits = runner.model.compute_logits(hidden[torch.cat(rows)])
     if place.rank == place.logits_rank:
-        state.send(logits.contiguous(), 0)
+        state.send(greedy_ids(logits) if plan.greedy_ids else logits.contiguous(), 0)
+    return logits
+
+
+# Sampling on the last stage ------------------------------------------------------------------------
+
+def greedy_ids_suffice(plan: Any, seqs: list[Any]) -> bool:
+    """Whether the step's tokens are the logits' first maxima, untouched by anything that reads their values
+    (runtime.sampler: grammars' bitmasks, logits processors, bans, penalties, temperature, logprobs): then
+    the last stage sends 8 bytes a sequence instead of the vocabulary's 4 bytes a token."""
+    if plan.prompt_rows or len(plan.logits_indices) != len(seqs):  # prompt logprobs; drafts to verify
+        return False
+    return all(_plain_greedy(seq) for seq in seqs)
+
+
+def _plain_greedy(seq: Any) -> bool:
+    p = seq.params
+    # min_tokens bans the stop tokens (the engine's _banned) until that many were generated.
+    return (p.greedy and p.logprobs is None and seq.grammar is None and not p.has_penalties
+            and p.allowed_token_ids is None and not p.logit_bias and len(seq.output_token_ids) >= p.min_tokens)
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """The sampler's greedy pick (the same float32 max, so the same first maximum); -1 where no token is left."""
+    best = logits.to(torch.float32).max(dim=-1)
+    return best.indices.masked_fill(~(best.values > float("-inf")), -1).contiguous()
+
+
+def greedy_logits(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits whose greedy pick is `ids` (all -inf where -1, so the sampler raises its own error): what rank 0's
+    sampler reads for a step that `greedy_ids_suffice` allowed, nothing else reading them."""
+    logits = torch.zeros(len(ids), vocab_size, dtype=torch.float32, device=ids.device)
+    found = ids >= 0
+    logits[found, ids[found]] = 1.0
+    logits[~found] = float("-inf")
     return logits
 
 

@@ -111,6 +111,8 @@ class TensorParallelRunner:
         local = self.local
         plan, sample_seqs, prompt_seqs = plan_step(batch, local.layout.num_attention_groups,
                                                    local.layout.num_state_groups)
+        if self.stage_model is not None:
+            plan.greedy_ids = pipeline.greedy_ids_suffice(plan, sample_seqs)
         self.group.busy = True
         try:
             self.group.send(("execute", self.engine_id, plan))
@@ -133,6 +135,11 @@ class TensorParallelRunner:
         raise RuntimeError(f"the parallel group lost {named or 'a rank'} during a step ({err}); the engine "
                            "stopped and its processes with it: start it again") from err
 
+    @property
+    def lora(self) -> Any:
+        local = self.__dict__["local"]
+        return StagesLoRA(self) if local.lora is not None and local.stage_model is not None else local.lora
+
     def describe(self) -> list[dict[str, Any]]:
         """What each rank holds (runtime.distributed.pipeline.describe), in rank order."""
         self.group.send(("describe", self.engine_id))
@@ -147,3 +154,24 @@ class TensorParallelRunner:
         if current() is self.group and "local" in self.__dict__:
             self.group.send(("unload", self.engine_id))
             del self.__dict__["local"]
+
+
+class StagesLoRA:
+    """Rank 0's LoRA manager under pipeline parallelism: each stage holds its own layers' part of an adapter, so
+    every rank reads and checks it before a request with it is queued (a bad one is refused then, not mid-step)."""
+
+    def __init__(self, runner: TensorParallelRunner):
+        self.runner = runner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner.local.lora, name)
+
+    def add(self, request: Any) -> None:
+        from runtime.distributed.worker import lora_error
+
+        runner = self.runner
+        runner.group.send(("lora_add", runner.engine_id, request))
+        errors = runner.group.gather(lora_error(runner.local, request))
+        first = next((e for e in errors if e), None)
+        if first is not None:
+            raise ValueError(first)

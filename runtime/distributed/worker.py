@@ -59,7 +59,19 @@ def serve_forever(group: Group, local_rank: int) -> None:
             from runtime.distributed.pipeline import describe
 
             group.gather(describe(runners[args[0]]))
+        elif kind == "lora_add":  # pipeline stages: each checks its own layers' part of the adapter
+            engine_id, request = args
+            group.gather(lora_error(runners[engine_id], request))
         elif kind == "unload":
             runners.pop(args[0], None)
         else:
             raise AssertionError(f"unknown message {kind!r}")
+
+
+def lora_error(runner: Any, request: Any) -> str | None:
+    """Read and check `request`'s adapter on this rank: its error message, or None."""
+    try:
+        runner.lora.add(request)
+    except ValueError as err:
+        return str(err)
+    return None

@@ -116,14 +116,19 @@ def group_tensors(request: LoRARequest, tensors: dict[str, torch.Tensor]) -> dic
     return modules
 
 
-def read_adapter(request: LoRARequest, checkpoint_name: Any, layers: dict[str, Any], max_rank: int) -> Adapter:
-    """The adapter at request.lora_path, checked against `layers` (our module name -> LoRALinear)."""
+def read_adapter(request: LoRARequest, checkpoint_name: Any, layers: dict[str, Any], max_rank: int,
+                 elsewhere: frozenset[str] = frozenset()) -> Adapter:
+    """The adapter at request.lora_path, checked against `layers` (our module name -> LoRALinear). `elsewhere`:
+    the linears other pipeline stages hold, whose part of the adapter those stages read and check."""
     config = read_config(request)
     modules: dict[str, ModuleWeights] = {}
     sources: dict[str, str] = {}  # our module name -> the adapter's module name it came from
-    rank = 0
+    rank, skipped = 0, False
     for module, parts in group_tensors(request, read_tensors(request)).items():
-        ours = _our_module(request, checkpoint_name, layers, module)
+        ours = _our_module(request, checkpoint_name, layers, module, elsewhere)
+        if ours is None:
+            skipped = True
+            continue
         layer = layers[ours]
         if "lora_A.weight" not in parts or "lora_B.weight" not in parts:
             if set(parts) == {"bias"}:
@@ -152,7 +157,7 @@ def read_adapter(request: LoRARequest, checkpoint_name: Any, layers: dict[str, A
                                  "weights; adapters that differ per application of a shared module are not supported")
         modules[ours], sources[ours] = weights, module
         rank = max(rank, r)
-    if not modules:
+    if not modules and not skipped:
         raise _fail(request, "adapter_model.safetensors holds no LoRA weights")
     return Adapter(request, rank, modules)
 
@@ -164,9 +169,12 @@ def _same(x: ModuleWeights, y: ModuleWeights) -> bool:
     return all(equal(getattr(x, f), getattr(y, f)) for f in ("a", "b", "bias", "replaced_bias"))
 
 
-def _our_module(request: LoRARequest, checkpoint_name: Any, layers: dict[str, Any], module: str) -> str:
+def _our_module(request: LoRARequest, checkpoint_name: Any, layers: dict[str, Any], module: str,
+                elsewhere: frozenset[str]) -> str | None:
     target = checkpoint_name(module + ".weight")
     ours = target.removesuffix(".weight") if target else None
+    if ours in elsewhere:
+        return None
     if ours not in layers:
         hint = ("expert projections are not supported" if ".experts." in module
                 else "transformers' Mamba-1 mixers read dt_proj's weight directly, so PEFT's adapter on it has no "

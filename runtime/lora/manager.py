@@ -30,6 +30,10 @@ class LoRAManager:
         # but by steps: tensor-parallel ranks see the same steps (not the same remove calls), so pick the same slots.
         self.slots: OrderedDict[LoRARequest, int] = OrderedDict()
         self.num_loads = 0  # adapters written into slots (tests and the bench read it)
+        # A pipeline stage holds its own layers' linears: the other stages' part of an adapter is theirs.
+        stage = getattr(model, "stage_model", None)
+        self.elsewhere = frozenset(n.removesuffix(".weight") for n in set(stage.full_names.values()) - set(stage.holds)
+                                   ) if stage is not None else frozenset()
 
     @property
     def zero_slot(self) -> int:
@@ -41,7 +45,7 @@ class LoRAManager:
         if cached is not None and cached.request == request:
             self.cpu.move_to_end(request.lora_int_id)
             return cached
-        adapter = read_adapter(request, self.model.checkpoint_name, self.layers, self.max_rank)
+        adapter = read_adapter(request, self.model.checkpoint_name, self.layers, self.max_rank, self.elsewhere)
         self.remove(request.lora_int_id)  # the id named another directory: that one is gone
         self.cpu[request.lora_int_id] = adapter
         while len(self.cpu) > self.max_cpu_loras:

@@ -67,15 +67,3 @@ def test_a_stage_of_state_layers_only_has_no_attention_pages():
     stages = plan_stages(layers, 2)
     assert stages[0].attention_pages == 8 and stages[1].attention_pages == 0
     assert stages[1].kinds == ("mamba2",) * len(stages[1].layers)
-
-
-@pytest.mark.parametrize("options, name", [
-    (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative_config"),
-    (dict(enable_lora=True), "enable_lora"),
-], ids=["speculative", "lora"])
-def test_what_the_stages_do_not_run_yet_is_refused(tiny_checkpoint, options, name):
-    directory, _ = tiny_checkpoint("bamba")
-    before = my_descendants()
-    with pytest.raises(ValueError, match=f"pipeline_parallel_size=2 does not run with {name} yet"):
-        LLM(directory, pipeline_parallel_size=2, **options)
-    assert my_descendants() == before
