@@ -318,7 +318,10 @@ def _kind(seq: Sequence, num_new_tokens: int) -> int:
     """Decodes first, then prompt chunks, then chunks of generated tokens only (speculative verifies)."""
     if _is_decode(seq, num_new_tokens):
         return DECODE
-    return GENERATED if seq.num_computed_tokens >= len(seq.prompt_token_ids) else PROMPT
+    # Only a sequence that speculates (drafts, or their replay) computes generated tokens as decode does; a
+    # plain recompute after preemption is a prefill, as transformers' forward over the whole sequence is.
+    speculates = bool(seq.spec_token_ids) or seq.spec_counters is not None
+    return GENERATED if speculates and seq.num_computed_tokens >= len(seq.prompt_token_ids) else PROMPT
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:

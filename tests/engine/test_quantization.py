@@ -144,8 +144,8 @@ def test_which_linears_are_quantized(tiny_checkpoint):
 
 def test_an_unknown_scheme_names_the_accepted_ones(tiny_checkpoint):
     directory, _ = tiny_checkpoint("llama")
-    with pytest.raises(ValueError, match="quantization must be one of int8, int4 .*got 'fp8'"):
-        LLM(directory, quantization="fp8")
+    with pytest.raises(ValueError, match="quantization must be one of int8, int4, fp8, compressed-tensors .*got 'int3'"):
+        LLM(directory, quantization="int3")
 
 
 def test_the_cli_refuses_an_unknown_scheme_in_one_line(tiny_checkpoint):
@@ -153,7 +153,7 @@ def test_the_cli_refuses_an_unknown_scheme_in_one_line(tiny_checkpoint):
     result = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", str(directory), "--prompt", "Hi",
                              "--quantization", "int3"], capture_output=True, text=True)
     assert result.returncode == 2
-    assert "invalid choice: 'int3' (choose from 'int8', 'int4')" in result.stderr
+    assert "invalid choice: 'int3' (choose from 'int8', 'int4', 'fp8', 'compressed-tensors')" in result.stderr
     assert "Traceback" not in result.stderr
 
 

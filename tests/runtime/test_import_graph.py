@@ -7,7 +7,7 @@ import pytest
 
 RUNTIME = Path(__file__).parents[2] / "runtime"
 # The one transformers name the runtime uses: configs are read by the declarations, modules are ours.
-TOKENIZER_ONLY = {"AutoTokenizer"}
+TOKENIZER_ONLY = {"AutoTokenizer", "PreTrainedTokenizerFast"}  # the latter wraps a GGUF file's tokenizer
 # Trains the model that ships with Tandem, with transformers' own classes; the engine never imports it.
 NOT_RUNTIME_CODE = {RUNTIME / "default_model" / "train.py"}
 
