@@ -17,18 +17,8 @@ from runtime import LLM, SamplingParams
 from runtime.config import EngineConfig
 from runtime.distributed import group, state
 
-PROMPTS = [
-    "A hybrid model mixes attention",
-    "The page pool holds attention blocks and Mamba states of equal size. The scheduler batches",
-    "The",
-    "Every model class declares what it supports and what it caches. Chunked prefill processes a long "
-    "prompt over several steps, and the quick brown fox jumps over the lazy dog again and again and again.",
-]
-NEW_TOKENS = 10
-GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-MAX_MODEL_LEN = 128
-STEP_TOKENS = 16
-DELTANET = "deltanet"  # `family` for tiny_models.DELTANET_CONFIGS
+# The prompts and limits the pipeline-parallel tests use too (one workload that batches, chunks and preempts).
+from pp_helpers import DELTANET, GREEDY, MAX_MODEL_LEN, NEW_TOKENS, PROMPTS, STEP_TOKENS  # noqa: E402
 
 
 CASES = [
