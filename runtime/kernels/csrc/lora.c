@@ -1,5 +1,5 @@
 /* Batched LoRA for the CPU (Punica's BGMV; runtime/kernels/lora.py holds the torch reference and the contract):
- * every token row multiplies by the adapter in its own slot of a float32 pool.
+ * every token row multiplies by the adapter in its own slot of a float32 pool; x and y are float32 or bfloat16.
  *
  *   shrink: s[t, r] = sum_k x[t, k] A[slot[t], r, k]
  *   expand: y[t, n] += sum_r s[t, r] B[slot[t], r, n] + bias[slot[t], n]     (B stored (R, out): rows of it added)
@@ -50,6 +50,18 @@ static inline float lora_dot(const float *a, const float *x, int n) {
     return total;
 }
 
+/* lora_dot over a bfloat16 row, each value widened (exactly) as it is read: no float32 copy of x per call. */
+static inline float lora_dot_bf16(const float *a, const uint16_t *x, int n) {
+    float lanes[LORA_LANES] = {0};
+    int i = 0;
+    for (; i + LORA_LANES <= n; i += LORA_LANES)
+        for (int j = 0; j < LORA_LANES; j++) lanes[j] += a[i + j] * lora_bf16_load(x + i + j);
+    float total = 0.0f;
+    for (int j = 0; j < LORA_LANES; j++) total += lanes[j];
+    for (; i < n; i++) total += a[i] * lora_bf16_load(x + i);
+    return total;
+}
+
 /* Rows grouped by slot, in chunks of at most LORA_CHUNK rows of one slot: a chunk reads its slot's A (or a
  * block of B) once for all its rows, from L1, instead of once per row (32 decode rows over 4 adapters read each
  * adapter's weights 8 times less). Each output still sums in the same order, so results are unchanged bit for
@@ -76,8 +88,8 @@ static int lora_chunks(const int64_t *indices, int64_t skip_slot, int rows, int 
     return chunks;
 }
 
-void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const int64_t *indices, int64_t skip_slot,
-                        int rows, int rank, int dim, float *out, int num_threads) {
+void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const float *a, const int64_t *indices,
+                        int64_t skip_slot, int rows, int rank, int dim, float *out, int num_threads) {
     int *order = malloc(sizeof(int) * ((size_t)rows * 2 + 1)), *chunk_start = order + rows;
     for (int t = 0; t < rows; t++)
         if (indices[t] == skip_slot) memset(out + (int64_t)t * rank, 0, sizeof(float) * rank);
@@ -88,8 +100,12 @@ void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const 
         const int *mine = order + chunk_start[c], n = chunk_start[c + 1] - chunk_start[c];
         const float *pool = a + indices[mine[0]] * rank * (int64_t)dim;
         for (int r = 0; r < rank; r++)
-            for (int i = 0; i < n; i++)
-                out[(int64_t)mine[i] * rank + r] = lora_dot(pool + (int64_t)r * dim, x + mine[i] * x_stride, dim);
+            for (int i = 0; i < n; i++) {
+                const float *ar = pool + (int64_t)r * dim;
+                const int64_t row = mine[i] * x_stride;
+                out[(int64_t)mine[i] * rank + r] = x_bf16 ? lora_dot_bf16(ar, (const uint16_t *)x + row, dim)
+                                                          : lora_dot(ar, (const float *)x + row, dim);
+            }
     }
     free(order);
 }
