@@ -99,13 +99,14 @@ void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const float
     for (int c = 0; c < chunks; c++) {
         const int *mine = order + chunk_start[c], n = chunk_start[c + 1] - chunk_start[c];
         const float *pool = a + indices[mine[0]] * rank * (int64_t)dim;
-        for (int r = 0; r < rank; r++)
+        for (int r = 0; r < rank; r++) {
+            const float *ar = pool + (int64_t)r * dim;
             for (int i = 0; i < n; i++) {
-                const float *ar = pool + (int64_t)r * dim;
                 const int64_t row = mine[i] * x_stride;
                 out[(int64_t)mine[i] * rank + r] = x_bf16 ? lora_dot_bf16(ar, (const uint16_t *)x + row, dim)
                                                           : lora_dot(ar, (const float *)x + row, dim);
             }
+        }
     }
     free(order);
 }
