@@ -273,7 +273,10 @@ def nemotron_moe(s: Sharder, module: nn.Module) -> None:
     for expert in module.experts:
         _inner_mlp(s, expert)
     _inner_mlp(s, module.shared_experts)
-    if isinstance(module.fc2_latent_proj, nn.Linear) and module.fc2_latent_proj.bias is not None:
+    if isinstance(module.fc2_latent_proj, nn.Linear):
+        # It projects the experts' partial sums: row-parallel, each rank keeping every input column, its bias on
+        # rank 0 alone; recorded as such so that a LoRA slot's bias is cut the same way (runtime/lora/layer.py).
+        s.param(module.fc2_latent_proj, "weight", 1)
         s.param(module.fc2_latent_proj, "bias", 0, rank0_only=True)
     module.register_forward_hook(reduce_output)
 

@@ -1,5 +1,5 @@
 /* Batched LoRA for the CPU (Punica's BGMV; runtime/kernels/lora.py holds the torch reference and the contract):
- * every token row multiplies by the adapter in its own slot of a float32 pool.
+ * every token row multiplies by the adapter in its own slot of a float32 pool; x and y are float32 or bfloat16.
  *
  *   shrink: s[t, r] = sum_k x[t, k] A[slot[t], r, k]
  *   expand: y[t, n] += sum_r s[t, r] B[slot[t], r, n] + bias[slot[t], n]     (B stored (R, out): rows of it added)
@@ -118,8 +118,8 @@ static int lora_chunks(const int64_t *indices, int64_t skip_slot, int rows, int 
     return chunks;
 }
 
-void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const int64_t *indices, int64_t skip_slot,
-                        int rows, int rank, int dim, float *out, int num_threads) {
+void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const float *a, const int64_t *indices,
+                        int64_t skip_slot, int rows, int rank, int dim, float *out, int num_threads) {
     int *order = malloc(sizeof(int) * ((size_t)rows * 2 + 1)), *chunk_start = order + rows;
     for (int t = 0; t < rows; t++)
         if (indices[t] == skip_slot) memset(out + (int64_t)t * rank, 0, sizeof(float) * rank);
@@ -129,10 +129,19 @@ void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const 
     for (int c = 0; c < chunks; c++) {
         const int *mine = order + chunk_start[c], n = chunk_start[c + 1] - chunk_start[c];
         const float *pool = a + indices[mine[0]] * rank * (int64_t)dim;
+        /* bfloat16 rows are widened (exactly) once per chunk, not once per rank row, nor by a float32 copy of x. */
+        float *wide = x_bf16 ? malloc(sizeof(float) * (size_t)n * dim) : NULL;
+        for (int i = 0; wide && i < n; i++) {
+            const uint16_t *row = (const uint16_t *)x + mine[i] * x_stride;
+            for (int k = 0; k < dim; k++) wide[(int64_t)i * dim + k] = lora_bf16_load(row + k);
+        }
         for (int i0 = 0; i0 < n; i0 += LORA_DOT_ROWS) {
             const int m = n - i0 < LORA_DOT_ROWS ? n - i0 : LORA_DOT_ROWS;
             const float *rows_x[LORA_DOT_ROWS];
-            for (int i = 0; i < LORA_DOT_ROWS; i++) rows_x[i] = x + mine[i0 + (i < m ? i : m - 1)] * x_stride;
+            for (int i = 0; i < LORA_DOT_ROWS; i++) {
+                const int row = i0 + (i < m ? i : m - 1);
+                rows_x[i] = wide ? wide + (int64_t)row * dim : (const float *)x + mine[row] * x_stride;
+            }
             for (int r = 0; r < rank; r++) {
                 const float *row_a = pool + (int64_t)r * dim;
                 float dots[LORA_DOT_ROWS];
@@ -147,6 +156,7 @@ void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const 
                 for (int i = 0; i < m; i++) out[(int64_t)mine[i0 + i] * rank + r] = dots[i];
             }
         }
+        free(wide);
     }
     free(order);
 }
