@@ -149,18 +149,22 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     quant = config.checkpoint_quantization
     with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1 or pp > 1 or quant is not None):
         model = cls(config.dims)
+    files = checkpoint_files(config.model_dir)
+    # Planned on the whole model (the file and config.json must agree on every linear, whatever the stage).
+    pending = quant_loading.install(model, quant_loading.plan(model, quant, files)) if quant is not None else {}
     stage = None
     if pp > 1:
         from runtime.distributed.pipeline import cut_model
 
         stage = cut_model(model, config)
-    files = checkpoint_files(config.model_dir)
-    pending = quant_loading.install(model, quant_loading.plan(model, quant, files)) if quant is not None else {}
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
     model.weight_shards = shards  # LoRA slots are cut like the weights they adapt (runtime/lora/layer.py)
     allocate_parameters(model, device)
     model.tie_weights()
     names, elsewhere = (stage.checkpoint_names(model), stage.elsewhere(model)) if stage else (None, set())
+    if stage is not None and pending:  # other stages' quantized linears: their tensors are not read
+        pending, dropped = quant_loading.keep_stage(model, pending)
+        elsewhere |= dropped
     load_weights(model, files, shards, state.rank(), tp, names, elsewhere, pending)
     quant_loading.finish(model, pending, device)
     if stage is not None:

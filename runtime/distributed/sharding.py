@@ -78,6 +78,9 @@ class Sharder:
     def param(self, module: nn.Module, name: str, dim: int, parts: list[Part] | None = None,
               rank0_only: bool = False) -> None:
         """Narrow `module.<name>` to this rank's parts along `dim` (rank0_only: whole on rank 0, zeros elsewhere)."""
+        if hasattr(module, "cut"):  # a quantized linear still being read (runtime.quant.loading.PendingQuant)
+            module.cut(self.names[id(module)], name, dim, tuple(parts or ()), rank0_only, self.rank, self.tp)
+            return
         full = getattr(module, name)
         if full is None:
             return
@@ -145,9 +148,9 @@ def shard_model(model: nn.Module, rank: int, tp: int) -> dict[str, Shard]:
     return sharder.shards
 
 
-def check_sharding(model: nn.Module, tp: int) -> None:
+def check_sharding(model: nn.Module, tp: int) -> dict[str, Shard]:
     """Raise the ValueError `shard_model` would, on a model built on the meta device (no weights, no memory)."""
-    shard_model(model, 0, tp)
+    return shard_model(model, 0, tp)
 
 
 # Vocabulary --------------------------------------------------------------------------------------
