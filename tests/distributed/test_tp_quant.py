@@ -9,6 +9,7 @@ quantization groups is refused before any process starts.
 One 2-rank group (gloo, this process and one spawned worker) serves the module, as in test_tp_parity.py.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -43,6 +44,10 @@ def tp_group():
 
 def quantized_modules(llm):
     return [m for m in llm.engine.runner.model.modules() if isinstance(m, (QuantLinear, QuantStackedLinear))]
+
+
+def layer_names(llm):
+    return [n for n, m in llm.engine.runner.model.named_modules() if isinstance(m, (QuantLinear, QuantStackedLinear))]
 
 
 # --- The cut: a rank's part of a converted linear is exactly its part of the dequantized weight ------------
@@ -141,11 +146,13 @@ def test_pp2_quantized_checkpoint_matches_transformers(name, fmt, quantized_chec
     directory, reference = quantized_checkpoint(name, fmt)
     llm = LLM(directory, dtype="float32", pipeline_parallel_size=2)
     try:
-        described = llm.engine.runner.describe()
+        first, second = llm.engine.runner.describe()
+        # Rank 0 (this process) converted the quantized linears of its own layers, and only those.
+        held = {int(m.group(1)) for m in map(re.compile(r".*layers\.(\d+)\.").match, layer_names(llm)) if m}
+        assert held == set(first["layers"]) and not held & set(second["layers"])
         assert_matches(llm, reference, f"{name} {fmt} pp=2")
     finally:
         llm.engine.shutdown()
-    assert len(described) == 2
 
 
 # --- Refusals: before any process starts, one line naming the layer, the group size and the TP size --------
