@@ -109,7 +109,8 @@ def keep_stage(model: nn.Module, pending: dict[str, PendingQuant]) -> tuple[dict
     """The pending linears a pipeline stage kept, and the tensor names (ours) of those it dropped."""
     present = {id(module) for module in model.modules()}
     kept = {name: slot for name, slot in pending.items() if id(slot) in present}
-    dropped = {f"{name}.{suffix}" for name in set(pending) - set(kept) for suffix in ("weight", "bias", *QUANT_SUFFIXES)}
+    suffixes = ("weight", "bias", *QUANT_SUFFIXES)
+    dropped = {f"{name}.{suffix}" for name in set(pending) - set(kept) for suffix in suffixes}
     return kept, dropped
 
 

@@ -18,7 +18,7 @@ import torch
 
 from runtime import LLM
 from runtime.distributed import group, state
-from runtime.kernels.quant_linear import dequantize, quantize
+from runtime.kernels.quant_linear import dequantize, pack_int4, quantize
 from runtime.layers.parallel import Part, Shard
 from runtime.layers.quantized import QuantLinear, QuantStackedLinear
 from runtime.quant.parallel import cut, fits, local_group_size
@@ -57,7 +57,6 @@ def asymmetric(n, k, group):
     torch.manual_seed(0)
     q = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     scales, offsets = torch.rand(n, k // group) + 0.1, torch.randn(n, k // group)
-    from runtime.kernels.quant_linear import pack_int4
     return pack_int4(q), scales, group, offsets
 
 
