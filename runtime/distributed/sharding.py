@@ -276,8 +276,9 @@ def nemotron_moe(s: Sharder, module: nn.Module) -> None:
     for expert in module.experts:
         _inner_mlp(s, expert)
     _inner_mlp(s, module.shared_experts)
-    if isinstance(module.fc2_latent_proj, nn.Linear) and module.fc2_latent_proj.bias is not None:
-        s.param(module.fc2_latent_proj, "bias", 0, rank0_only=True)
+    latent = module.fc2_latent_proj  # an nn.Linear, or a quantized one still being read (PendingQuant)
+    if getattr(latent, "bias", None) is not None or getattr(latent, "has_bias", False):
+        s.param(latent, "bias", 0, rank0_only=True)
     module.register_forward_hook(reduce_output)
 
 

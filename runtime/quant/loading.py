@@ -31,13 +31,17 @@ class PendingQuant(nn.Module):
         self.tensors: dict[str, torch.Tensor] = {}
         # Under tensor parallelism: how this rank's part is cut from the converted layer (runtime/quant/parallel.py).
         self.shard: Shard | None = None
+        self.bias_on_rank0 = False  # a whole layer after a partial sum (Nemotron-H's fc2_latent_proj)
         self.rank, self.tp = 0, 1
 
     def cut(self, where: str, name: str, dim: int, parts: tuple[Part, ...], rank0_only: bool, rank: int,
             tp: int) -> None:
-        """runtime.distributed.sharding's hook: record how the weight is cut, refusing a split of the inputs that
-        is not whole quantization groups; the tensors (the bias with them) are cut once converted (finish)."""
+        """runtime.distributed.sharding's hook: record how the weight is cut (refusing a split of the inputs that
+        is not whole quantization groups) or that the bias lives on rank 0; the tensors are cut once converted."""
         self.rank, self.tp = rank, tp
+        if name == "bias":
+            self.bias_on_rank0 = rank0_only
+            return
         full = (self.out_features, self.in_features)
         assert name == "weight" and sum(p.size for p in parts) == full[dim], (where, name, dim, parts)
         self.shard = Shard(full, dim, parts)
@@ -128,6 +132,16 @@ def route(pending: dict[str, PendingQuant], target: str, name: str, load: Any) -
     return True
 
 
+def _rank_bias(slot: PendingQuant, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's bias: a column-parallel layer's rows; a layer whose output is a partial sum (row-parallel, or
+    Nemotron-H's fc2_latent_proj) adds it once, on rank 0."""
+    if bias is None or slot.tp == 1:
+        return bias
+    if slot.bias_on_rank0 or (slot.shard is not None and slot.shard.dim):
+        return rank0_bias(bias, slot.rank)
+    return bias if slot.shard is None else slot.shard.take(bias, slot.rank, slot.tp).contiguous()
+
+
 def finish(model: nn.Module, pending: dict[str, PendingQuant], device: torch.device) -> None:
     """Convert every pending linear; only when all converted are they swapped in (nothing half-loaded)."""
     built = {}
@@ -143,9 +157,7 @@ def finish(model: nn.Module, pending: dict[str, PendingQuant], device: torch.dev
         if slot.shard is not None:
             qweight, scales, group_size, offsets, in_features = cut(label, slot.shard, slot.rank, slot.tp, qweight,
                                                                     scales, group_size, offsets, in_features)
-            # A row-parallel layer's bias is added once, after the all-reduce of the partial sums.
-            bias = rank0_bias(bias, slot.rank) if slot.shard.dim else \
-                None if bias is None else slot.shard.take(bias, slot.rank, slot.tp).contiguous()
+        bias = _rank_bias(slot, bias)
         built[name] = QuantLinear.loaded(in_features, slot.fmt.describe(), slot.dtype, qweight.to(device),
                                          scales.to(device), group_size,
                                          None if offsets is None else offsets.to(device),

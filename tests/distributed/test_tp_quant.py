@@ -27,7 +27,7 @@ from runtime.quant.parallel import cut, fits, local_group_size
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from test_quantization import dequantized_hf  # noqa: E402
 from test_quantized_checkpoints import (  # noqa: E402
-    FORMATS, PROMPTS, assert_matches, int4_groups, quantized_checkpoint, ct_config)
+    FORMATS, assert_matches, ct_config, int4_groups, quantized_checkpoint, quantized_copy)
 
 __all__ = ["quantized_checkpoint"]  # a fixture, imported to be used here
 # Groups of 32 along K: the tiny llama's down_proj (96 inputs) cannot be split in two whole groups.
@@ -125,6 +125,20 @@ def test_tp2_quantized_checkpoint_matches_transformers(name, fmt, quantized_chec
     try:
         assert state.world_size() == 2 and quantized_modules(llm)
         assert_matches(llm, reference, f"{name} {fmt} tp=2")
+    finally:
+        llm.engine.shutdown()
+
+
+def test_tp2_nemotron_h_latent_moe_biases(tiny_checkpoint, tmp_path):
+    """Latent MoE projections with biases: fc2_latent_proj's output is summed over the ranks, so its bias (a
+    quantized linear's, kept whole) is added by rank 0 alone."""
+    source, hf = tiny_checkpoint("nemotron_h", moe_latent_size=16, mlp_bias=True)
+    reference = quantized_copy(source, tmp_path / "model", hf, "ct-fp8-channel")
+    llm = LLM(tmp_path / "model", dtype="float32", tensor_parallel_size=2)
+    try:
+        latent = next(m for n, m in llm.engine.runner.model.named_modules() if n.endswith("fc2_latent_proj"))
+        assert isinstance(latent, QuantLinear) and latent.bias.abs().sum() > 0  # rank 0's
+        assert_matches(llm, reference, "nemotron_h latent biases tp=2")
     finally:
         llm.engine.shutdown()
 
