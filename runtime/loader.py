@@ -174,19 +174,32 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
 
 def _build_from_gguf(cls: type, config: EngineConfig, device: torch.device, gguf: Path) -> CausalLM:
     """A GGUF file's model: built on the meta device, its quantized linears swapped in, then the rest allocated."""
-    # getattr: pipeline parallelism comes with another branch.
-    if config.tensor_parallel_size > 1 or getattr(config, "pipeline_parallel_size", 1) > 1:
-        raise CheckpointError("GGUF files run on one process; leave --tensor-parallel-size and "
-                              "--pipeline-parallel-size at 1")
+    if config.pipeline_parallel_size > 1:
+        raise CheckpointError("GGUF files do not run in pipeline stages yet; leave --pipeline-parallel-size at 1")
     with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(True):
         model = cls(config.dims)
-    model.weight_shards = {}  # none: one process (LoRA cuts its slots like the weights, on main)
+    model.weight_shards = {}  # until sharded below (LoRA cuts its slots like the weights)
 
     def allocate(model: torch.nn.Module) -> None:
         allocate_parameters(model, device)
         model.tie_weights()
     load_gguf_weights(model, gguf, config.hf_config, DTYPES[config.model_dtype], device, allocate)
+    if config.tensor_parallel_size > 1:
+        model.weight_shards = _shard_loaded(model, state.rank(), config.tensor_parallel_size)
     return model.eval()
+
+
+def _shard_loaded(model: CausalLM, rank: int, tp: int) -> dict[str, Shard]:
+    """Shard a model loaded whole (a GGUF file's: each rank reads the file, then keeps its part); its quantized
+    linears cut themselves (QuantLinear.cut)."""
+    full = {name: param.detach() for name, param in model.named_parameters()}
+    shards = shard_model(model, rank, tp)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, shard in shards.items():
+            params[name].copy_(_read_shard(shard, lambda name=name: full[name], lambda name=name: full[name], rank, tp))
+    model.tie_weights()
+    return shards
 
 
 def _names(names: list[str], limit: int = 5) -> str:

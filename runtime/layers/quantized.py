@@ -50,6 +50,11 @@ class QuantLinear(nn.Module):
         self.register_buffer("offsets", None if offsets is None else offsets.float().contiguous(), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
 
+    def cut(self, where: str, name: str, dim: int, parts: tuple, rank0_only: bool, rank: int, tp: int) -> None:
+        """runtime.distributed.sharding's hook: keep this rank's part of the weight or bias (runtime/quant/parallel.py)."""
+        from runtime.quant.parallel import cut_loaded
+        cut_loaded(self, where, name, dim, parts, rank0_only, rank, tp)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = quant_linear(x, self.qweight, self.scales, self.group_size, self.bias, self.offsets)
         return y.to(self.dtype)

@@ -111,3 +111,22 @@ def check_sharding(config: Any, model: nn.Module) -> None:
         shard = shards.get(f"{name}.weight")
         if shard is not None and type(module) in QUANTIZED and quantizes(name):
             check_rows(name, shard, group_size_of(scheme, shard.full_shape[-1]), tp)
+
+
+def cut_loaded(linear: nn.Module, where: str, name: str, dim: int, parts: tuple[Any, ...], rank0_only: bool,
+               rank: int, tp: int) -> None:
+    """Narrow a QuantLinear loaded whole (a GGUF file's) to this rank's part, in place: runtime.distributed.sharding
+    calls it for its weight, then for its bias (rows of a column-parallel layer; rank 0's after a partial sum)."""
+    if name == "bias":
+        bias = linear.bias
+        linear.bias = rank0_bias(bias, rank) if rank0_only else Shard(tuple(bias.shape), 0, parts).take(bias, rank, tp)
+        return
+    assert name == "weight", (where, name)
+    device = linear.qweight.device
+    shard = Shard((linear.out_features, linear.in_features), dim, parts)
+    offsets = None if linear.offsets is None else linear.offsets.cpu()
+    qweight, scales, group_size, offsets, k = cut(where, shard, rank, tp, linear.qweight.cpu(), linear.scales.cpu(),
+                                                  linear.group_size, offsets, linear.in_features)
+    linear.qweight, linear.scales = qweight.to(device), scales.to(device)
+    linear.offsets = None if offsets is None else offsets.to(device)
+    linear.in_features, linear.out_features, linear.group_size = k, qweight.shape[0], group_size

@@ -25,6 +25,8 @@ from runtime.quant.parallel import cut, fits, local_group_size
 
 # The single-process tests' checkpoint writers and oracles, from the format's and the scheme's statements.
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+from gguf_files import write_gguf  # noqa: E402
+from test_gguf import FILE_TYPES, oracle_model  # noqa: E402
 from test_quantization import dequantized_hf  # noqa: E402
 from test_quantized_checkpoints import (  # noqa: E402
     FORMATS, assert_matches, ct_config, int4_groups, quantized_checkpoint, quantized_copy)
@@ -143,6 +145,32 @@ def test_tp2_nemotron_h_latent_moe_biases(tiny_checkpoint, tmp_path):
         llm.engine.shutdown()
 
 
+# --- GGUF files: each rank reads the file, then keeps its part ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def gguf_file(tiny_checkpoint, tmp_path_factory):
+    """gguf_file(kind, **overrides) -> (path, HF on the weights gguf dequantizes), of the tiny llama."""
+    def make(kind, **overrides):
+        directory, hf = tiny_checkpoint("llama", **overrides)
+        path = tmp_path_factory.mktemp("gguf") / f"llama-{kind}.gguf"
+        types, file_type = FILE_TYPES[kind]
+        return path, oracle_model(hf, write_gguf(directory, path, types, file_type))
+    return make
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K_M"])
+def test_tp2_gguf_matches_transformers(kind, gguf_file):
+    """An MLP of 256 (Q4_K's 256-value rows): every row-parallel share is whole 32-value blocks."""
+    path, reference = gguf_file(kind, intermediate_size=256)
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2)
+    try:
+        linears = quantized_modules(llm)
+        assert linears and {m.out_features for m in linears if m.in_features == 128} == {64}  # down_proj's half
+        assert_matches(llm, reference, f"gguf {kind} tp=2")
+    finally:
+        llm.engine.shutdown()
+
+
 # --- Pipeline parallelism: a stage reads and converts its own layers only -----------------------------------
 
 def test_pp2_quantized_on_loading_matches_transformers(tiny_checkpoint):
@@ -177,6 +205,14 @@ def test_int4_groups_split_across_ranks_are_refused(tiny_checkpoint):
                                          r"of its quantization groups of 128 inputs") as err:
         LLM(directory, dtype="float32", quantization="int4", tensor_parallel_size=2)
     assert "\n" not in str(err.value)
+
+
+def test_gguf_blocks_split_across_ranks_are_refused(gguf_file):
+    path, _ = gguf_file("Q8_0")
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.down_proj: its 96 inputs split over "
+                                         r"tensor_parallel_size=2 give 48 per rank, which is not a whole number "
+                                         r"of its quantization groups of 32 inputs"):
+        LLM(str(path), dtype="float32", tensor_parallel_size=2)
 
 
 @pytest.mark.parametrize("name, fmt", [("llama", "w4a16-g32"), ("qwen3_5", "fp8-block-32")])
