@@ -218,14 +218,6 @@ class EngineConfig:
         if quant.method not in decl.quantizations:
             raise ConfigError(f"{decl.architecture}: {quant.method} checkpoints are not supported for this "
                               f"architecture yet (it supports: {', '.join(decl.quantizations) or 'none'})")
-        if self.tensor_parallel_size > 1:
-            raise ConfigError(f"{spell('tensor_parallel_size', self.tensor_parallel_size)}: tensor parallelism with a "
-                              f"quantized checkpoint ({quant.method}) is not supported yet; pass "
-                              f"{spell('tensor_parallel_size', 1)}")
-        if self.pipeline_parallel_size > 1:
-            raise ConfigError(f"{spell('pipeline_parallel_size', self.pipeline_parallel_size)}: pipeline parallelism "
-                              f"with a quantized checkpoint ({quant.method}) is not supported yet; pass "
-                              f"{spell('pipeline_parallel_size', 1)}")
 
     @cached_property
     def dims(self) -> Any:
