@@ -188,7 +188,7 @@ class EngineConfig:
         self._check_max_model_len()
         object.__setattr__(self, "cache", self._resolve_cache())
         speculative = parse_speculative_config(self.speculative_config, spell("speculative_config"),
-                                               self.derived_max_model_len)
+                                               self.derived_max_model_len, self.hf_config.first("vocab_size"))
         object.__setattr__(self, "speculative", speculative)
         if isinstance(self.speculative_config, dict):
             object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config, sort_keys=True))
