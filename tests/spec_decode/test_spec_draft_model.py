@@ -12,8 +12,11 @@ prefill chunks.
 """
 
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ from tiny_models import DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, 
 from runtime import LLM, SamplingParams, StructuredOutputsParams
 from runtime.config import EngineConfig
 from runtime.engine import make_prefix_cache
+from runtime.plan import build_report, format_report
 
 K = 3
 CHOICES = [9, 40]
@@ -189,3 +193,89 @@ def test_with_preemption(checkpoints, reference):
         assert sum(o.num_preemptions for o in outputs) > 0
     assert llm.engine.speculator.counters.num_accepted_tokens > 0
     assert_pools_free(llm)
+
+
+@pytest.mark.parametrize("target_name, draft_name", [("bamba", "llama"), ("llama", "mamba2")])
+def test_a_draft_of_another_architecture(target_name, draft_name, tiny_checkpoint, tmp_path_factory, tokenizer_dir):
+    """A Llama drafting for a hybrid, a Mamba-2 (a stateful draft) for an attention model; same tokenizer."""
+    target = build(target_name, tmp_path_factory, tiny_checkpoint, tokenizer_dir)
+    draft = build(draft_name, tmp_path_factory, tiny_checkpoint, tokenizer_dir)
+    params = [FEW, FEW, FREE]
+    reference = LLM(target, dtype="float32").generate(PROMPTS[1:4], params, use_tqdm=False)
+    llm = speculative(target, draft)
+    assert_same(llm.generate(PROMPTS[1:4], params, use_tqdm=False), reference)
+    counters = llm.engine.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    assert_pools_free(llm)
+
+
+# Bad input --------------------------------------------------------------------------------------
+
+
+def bad(target, value):
+    with pytest.raises(ValueError) as err:
+        LLM(target, dtype="float32", speculative_config=value)
+    message = str(err.value)
+    assert message.startswith("speculative_config: ") and "\n" not in message
+    return message
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_checkpoint):
+    target, draft = tiny_checkpoint("llama")[0], tiny_checkpoint("llama", vocab_size=400)[0]
+    message = bad(target, {"model": str(draft), "num_speculative_tokens": 2})
+    assert "has a vocabulary of 400 tokens and the model 320: a draft model must share the model's tokenizer" in message
+
+
+def test_a_draft_with_another_tokenizer_is_refused(tiny_checkpoint, tmp_path):
+    target = tiny_checkpoint("llama")[0]
+    draft = shutil.copytree(target, tmp_path / "draft")
+    tokenizer = json.loads((draft / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = list(vocab)[100:102]
+    vocab[first], vocab[second] = vocab[second], vocab[first]  # the same size, two ids swapped
+    (draft / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert "has another tokenizer than the model's" in bad(target, {"model": str(draft), "num_speculative_tokens": 2})
+
+
+def test_a_missing_draft_and_a_bad_k_are_refused(tiny_checkpoint, tmp_path):
+    target = tiny_checkpoint("llama")[0]
+    assert f"the draft model {tmp_path / 'nope'} does not exist" in bad(
+        target, {"model": str(tmp_path / "nope"), "num_speculative_tokens": 2})
+    assert '"num_speculative_tokens" must be a positive integer, got 0' in bad(
+        target, {"model": str(target), "num_speculative_tokens": 0})
+    assert '"model" (a draft model\'s directory) goes with method "draft_model" alone' in bad(
+        target, {"method": "ngram", "model": str(target), "num_speculative_tokens": 2})
+
+
+def test_a_draft_pool_without_room_for_one_sequence_is_refused_at_start_up(tiny_checkpoint):
+    target = tiny_checkpoint("llama")[0]
+    with pytest.raises(ValueError, match=r"the draft model's pool \(8 pages of 8,192 B\) cannot hold one sequence "
+                                         r"of 512 tokens, which needs 32 pages: raise kv_cache_memory"):
+        LLM(target, dtype="float32", num_pages=64, kv_cache_memory=2**16,
+            speculative_config={"model": str(target), "num_speculative_tokens": 2})
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_refuses_a_missing_draft_in_one_line_and_exits_2():
+    spec = '{"model": "docs/configs/nope", "num_speculative_tokens": 4}'
+    result = _cli("plan", "docs/configs/meta-llama__Llama-3.2-1B", "--speculative-config", spec)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        'tandem plan: error: --speculative-config: the draft model docs/configs/nope does not exist; "model" names a '
+        'checkpoint directory with the same tokenizer as the model']
+
+
+def test_plan_prints_the_draft_pool():
+    spec = {"model": "docs/configs/meta-llama__Llama-3.2-1B", "num_speculative_tokens": 4}
+    with pytest.raises(ValueError, match="a draft model must share the model's tokenizer"):
+        EngineConfig("docs/configs/state-spaces__mamba2-130m", speculative_config=spec)
+    config = EngineConfig("docs/configs/meta-llama__Llama-3.2-1B", max_model_len=4096, speculative_config=spec)
+    printed = format_report(build_report(config, 8 * 2**30, 4096))
+    assert "(the argmax of draft model docs/configs/meta-llama__Llama-3.2-1B, LlamaForCausalLM)" in printed
+    # A page id spans 16 layers of 16 tokens x 8 KV heads x 64 x K and V in bfloat16 (512 KiB).
+    assert "a sequence of 4,096 tokens holds 256 page ids = 134,217,728 B (128.00 MiB)" in printed
+    assert "holds 16,384 page ids (no more than max_num_seqs sequences use): 64 sequences at full length" in printed
