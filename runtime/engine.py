@@ -527,6 +527,8 @@ class Engine:
             counters.e2e_request_latency.observe(time.monotonic() - timing.arrival)
         self._seqs.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
+        if self.speculator is not None:
+            self.speculator.forget(seq.request_id)
         parent = self._parents.get(seq.parent_id) if seq.parent_id is not None else None
         if parent is not None and all(child.is_finished for child in parent.children):
             del self._parents[seq.parent_id]

@@ -143,6 +143,9 @@ class Speculator:
             extra = self._extra.pop(seq.request_id, 0)
             if not seq.is_finished:
                 seq.num_computed_tokens += extra
-            elif self.drafter is not None:
-                self.drafter.free(seq.request_id)
             seq.spec_token_ids = []
+
+    def forget(self, request_id: str) -> None:
+        """A request finished (or was aborted, or failed): the draft model's cache of it goes back to its pool."""
+        if self.drafter is not None:
+            self.drafter.free(request_id)

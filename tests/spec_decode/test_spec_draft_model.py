@@ -279,3 +279,31 @@ def test_plan_prints_the_draft_pool():
     # A page id spans 16 layers of 16 tokens x 8 KV heads x 64 x K and V in bfloat16 (512 KiB).
     assert "a sequence of 4,096 tokens holds 256 page ids = 134,217,728 B (128.00 MiB)" in printed
     assert "holds 16,384 page ids (no more than max_num_seqs sequences use): 64 sequences at full length" in printed
+
+
+def test_an_aborted_request_gives_the_draft_pool_back(tiny_checkpoint):
+    target = tiny_checkpoint("bamba")[0]
+    llm = speculative(target, target)
+    engine = llm.engine
+    engine.add_request(PROMPTS[1], FREE, request_id="a")
+    while not engine.speculator.drafter._shadows:
+        engine.step()
+    engine.abort("a")
+    assert_pools_free(llm)
+
+
+def test_sampling_with_a_draft_model_keeps_the_distribution(tiny_checkpoint):
+    """As tests/spec_decode/test_spec_sampling.py, with a Llama drafting for a Bamba: seeded requests at
+    temperature 1 reproduce, and the tokens after accepted and rejected drafts are distributed as without."""
+    from test_spec_sampling import CRITICAL_8_DF, chi_square, sample
+
+    target, draft = tiny_checkpoint("bamba")[0], tiny_checkpoint("llama")[0]
+    plain = sample(LLM(target, dtype="float32"), 0)
+    llm = speculative(target, draft)
+    spec = sample(llm, 10_000)
+    assert sample(llm, 10_000) == spec
+    tails = lambda samples: [s[2:] for s in samples]  # noqa: E731
+    assert len(set(tails(plain))) > 4
+    assert chi_square(tails(plain), tails(spec)) < CRITICAL_8_DF
+    counters = llm.engine.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
