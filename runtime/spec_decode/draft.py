@@ -83,8 +83,9 @@ class DraftProposer:
             raise ValueError(
                 f"{spell('speculative_config')}: the draft model's pool ({plural(pages, 'page')} of "
                 f"{probe.cache.bytes_per_page_id:,} B) cannot hold one sequence of {max_model_len} tokens, which "
-                f"needs {plural(needed, 'page')}: the draft's pool takes {spell('kv_cache_memory')} bytes again (without it, "
-                f"what the device has free after the model's pool); raise it or lower {spell('max_model_len')}")
+                f"needs {plural(needed, 'page')}: the draft's pool takes {spell('kv_cache_memory')} bytes again "
+                f"(without it, what the device has free after the model's pool); raise it or lower "
+                f"{spell('max_model_len')}")
         self.config = draft_engine_config(target, pages)
         _check_tokenizer(self.config, tokenizer)
         binding = kernels.snapshot()  # the draft's runner binds the kernels again; the model's binding stays

@@ -250,7 +250,8 @@ def test_a_missing_draft_and_a_bad_k_are_refused(tiny_checkpoint, tmp_path):
 def test_a_draft_pool_without_room_for_one_sequence_is_refused_at_start_up(tiny_checkpoint):
     target = tiny_checkpoint("llama")[0]
     with pytest.raises(ValueError, match=r"the draft model's pool \(8 pages of 8,192 B\) cannot hold one sequence "
-                                         r"of 512 tokens, which needs 32 pages: the draft.s pool takes kv_cache_memory"):
+                                         r"of 512 tokens, which needs 32 pages: the draft.s pool takes "
+                                         r"kv_cache_memory"):
         LLM(target, dtype="float32", num_pages=64, kv_cache_memory=2**16,
             speculative_config={"model": str(target), "num_speculative_tokens": 2})
 
