@@ -173,17 +173,19 @@ def _bamba(path: Path, kinds: list[str], heads: int, kv_heads: int, ssm_heads: i
     }
 
 
-ARCHITECTURES: dict[str, Callable[[Path], dict[str, Any]]] = {"llama": _llama, "granitehybrid": _granitehybrid}
+def architectures() -> dict[str, Callable[[Path], dict[str, Any]]]:
+    from runtime.gguf.families import CONFIGS  # which builds on this module's readers
+    return {"llama": _llama, "granitehybrid": _granitehybrid, **CONFIGS}
 
 
 def architecture(path: Path) -> str:
     arch = field(path, "general.architecture")
-    if arch not in ARCHITECTURES:
+    if arch not in architectures():
         raise ConfigError(f"{path.name}: GGUF architecture {arch!r} is not supported; "
-                          f"Tandem loads GGUF files of {', '.join(ARCHITECTURES)}")
+                          f"Tandem loads GGUF files of {', '.join(architectures())}")
     return arch
 
 
 def raw_config(path: Path) -> dict[str, Any]:
     """The HF config.json (as a dict) of the model in a GGUF file."""
-    return ARCHITECTURES[architecture(path)](path)
+    return architectures()[architecture(path)](path)

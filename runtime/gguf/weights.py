@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
 from runtime.gguf import config as gguf_config
+from runtime.gguf.families import LAYOUTS, Layout
 from runtime.gguf.blocks import QUANT_TYPES, SUPPORTED, Quantized, concat_rows, decode, take_rows
 from runtime.hf_config import ConfigError
 from runtime.kernels.quant_linear import dequantize as dequantize_ours
@@ -84,9 +85,47 @@ def _check_types(path: Path) -> None:
                               f"supported GGUF tensor types: {', '.join(t.name for t in SUPPORTED)}")
 
 
+def _expert(tensor, index: int) -> Tensor:
+    """Expert `index` of a stacked (experts, rows, in) GGUF tensor, quantized ones decoded like 2-D weights."""
+    qtype = T(tensor.tensor_type)
+    experts, rows = (int(n) for n in reversed(tensor.shape[1:]))
+    if qtype in QUANT_TYPES:
+        return decode(np.asarray(tensor.data).reshape(experts, rows, -1)[index], qtype)
+    data = np.asarray(tensor.data).reshape(experts, rows, -1)[index]
+    data = data if qtype == T.F32 else dequantize(np.ascontiguousarray(data), qtype)
+    return torch.from_numpy(np.array(data, dtype=np.float32))
+
+
+def _family_tensors(path: Path, hf: dict, layout: Layout) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """hf_tensors for the families runtime/gguf/families.py lays out."""
+    out, sources = {}, {}
+    for name, tensor in ((t.name, t) for t in gguf_config.reader(path).tensors):
+        match = BLOCK.fullmatch(name)
+        suffix = match.group(2) if match else None
+        if match and suffix in layout.experts:
+            for e in range(int(tensor.shape[-1])):
+                hf_name = layout.layer.format(match.group(1)) + layout.experts[suffix].format(e=e)
+                out[hf_name], sources[hf_name] = _expert(tensor, e), f"{name}[{e}]"
+            continue
+        hf_name = layout.top.get(name) if match is None else (
+            layout.layer.format(match.group(1)) + layout.table[suffix] if suffix in layout.table else None)
+        if hf_name is None:
+            raise ConfigError(f"{path.name}: unexpected tensor {name} for GGUF architecture "
+                              f"{gguf_config.architecture(path)!r}")
+        try:
+            out[hf_name], sources[hf_name] = _transform(suffix, _read(tensor), hf, path, name, layout.permuted), name
+        except (RuntimeError, ValueError) as err:  # a reshape the metadata's sizes do not allow
+            raise ConfigError(f"{path.name}: tensor {name} of shape {gguf_config.tensor_shape(path, name)} does not "
+                              f"fit the metadata ({err})") from None
+    return out, sources
+
+
 def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]:
     """The file's tensors under their HF checkpoint names, in the HF layout, and the GGUF tensor(s) each came from."""
     arch = gguf_config.architecture(path)
+    if hf["model_type"] in LAYOUTS:
+        _check_types(path)
+        return _family_tensors(path, hf, LAYOUTS[hf["model_type"]])
     table, fused = {"llama": (LLAMA, {}), "bamba": (BAMBA, {}),
                     "granitemoehybrid": (GRANITE_HYBRID, GRANITE_HYBRID_FUSED)}[hf["model_type"]]
     top = {**GLOBAL, "output_norm.weight": "model.final_layernorm.weight"} if hf["model_type"] == "bamba" else GLOBAL
@@ -119,15 +158,17 @@ def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]
     return out, sources
 
 
-def _transform(suffix: str | None, value: Tensor, hf: dict, path: Path, name: str) -> Tensor:
+def _transform(suffix: str | None, value: Tensor, hf: dict, path: Path, name: str, permuted: bool = True) -> Tensor:
     """The HF layout of one tensor the converter reshaped or rewrote."""
     heads, kv_heads = hf.get("num_attention_heads"), hf.get("num_key_value_heads")
-    if suffix == "attn_q.weight":
+    if suffix == "attn_q.weight" and permuted:
         return _unpermute(value, heads)
-    if suffix == "attn_k.weight":
+    if suffix == "attn_k.weight" and permuted:
         return _unpermute(value, kv_heads)
-    if suffix in ("ssm_a", "ssm_d", "ssm_conv1d.weight", "ssm_norm.weight"):
+    if suffix in ("ssm_a", "ssm_d", "ssm_conv1d.weight", "ssm_norm.weight", "shortconv.conv.weight"):
         value = _float(value)
+    if suffix == "shortconv.conv.weight":  # squeezed from (channels, 1, kernel)
+        return value.unsqueeze(1)
     if suffix == "ssm_a":  # stored as A = -exp(A_log)
         return torch.log(-value.reshape(-1).double()).float()
     if suffix == "ssm_d":
