@@ -1,6 +1,7 @@
-"""GGUF files of the recurrent and hybrid families (mamba2, nemotron_h / nemotron_h_moe, falcon-h1, lfm2) written from
-tiny HF checkpoints as llama.cpp's convert_hf_to_gguf.py writes them (its vendored copy in the llama-cpp-python
-0.3.36 sdist: conversion/mamba.py, nemotron.py, falcon_h1.py, lfm2.py), and the HF checkpoint the file stands for.
+"""GGUF files of the recurrent and hybrid families (mamba, mamba2, nemotron_h / nemotron_h_moe, falcon-h1, lfm2,
+qwen3next) written from tiny HF checkpoints as llama.cpp's convert_hf_to_gguf.py writes them (its vendored copy in
+the llama-cpp-python 0.3.36 sdist: conversion/mamba.py, nemotron.py, falcon_h1.py, lfm2.py, qwen.py), and the HF
+checkpoint the file stands for.
 
 Tensor names come from gguf's TensorNameMap, as the converter's map_tensor_name takes them. What the converter
 changes, and read_back undoes for the oracle:
@@ -9,12 +10,17 @@ changes, and read_back undoes for the oracle:
 - nemotron_h: q/k rows permuted (LlamaModel.permute, through GraniteHybridModel), the experts stacked into 3-D
   tensors; a config.json with num_experts_per_tok converts as nemotron_h_moe;
 - falcon-h1: every muP multiplier multiplied into the weights (the file is a Falcon-H1 with multipliers of 1);
-- lfm2: the short conv squeezed to (channels, kernel).
+- lfm2: the short conv squeezed to (channels, kernel);
+- mamba: A = -exp(A_log) (inner, state), the conv squeezed;
+- qwen3next (as with --no-mtp): norms stored as 1 + w (all but the Gated DeltaNet's), A = -exp(A_log), the conv
+  squeezed, in_proj_qkvz's per-key-head [q, k, v, z] blocks regrouped into attn_qkv ([all q, all k, all v]) and
+  attn_gate (all z), the experts stacked.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -22,18 +28,20 @@ import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
+from gguf_family_metadata import mamba2_sizes, metadata
 from gguf_files import _tokenizer, permute, quantize, unpermute
 from safetensors.torch import load_file, save_file
 
 FALCON_MULTIPLIERS = ("embedding_multiplier", "lm_head_multiplier", "key_multiplier", "attention_in_multiplier",
                       "attention_out_multiplier", "ssm_in_multiplier", "ssm_out_multiplier")
-EXPERT = "backbone.layers.{layer}.mixer.experts.{expert}.{proj}.weight"
+EXPERT = re.compile(r"(.+)\.layers\.(\d+)\.(mixer|mlp)\.experts\.(\d+)\.(\w+)\.weight")
 
 
 def arch_of(c: dict) -> str:
     if c["model_type"] == "nemotron_h":
         return "nemotron_h_moe" if "num_experts_per_tok" in c else "nemotron_h"
-    return {"mamba2": "mamba2", "falcon_h1": "falcon-h1", "lfm2": "lfm2"}[c["model_type"]]
+    return {"mamba2": "mamba2", "mamba": "mamba", "falcon_h1": "falcon-h1", "lfm2": "lfm2",
+            "qwen3_next": "qwen3next"}[c["model_type"]]
 
 
 def _name_map(c: dict):
@@ -54,15 +62,6 @@ def _gguf_name(name: str, c: dict) -> str:
     mapped = _name_map(c).get_name(name, try_suffixes=(".weight", ".bias"))
     assert mapped is not None, name
     return mapped
-
-
-def _mamba_heads(c: dict) -> tuple[int, int]:
-    """(groups, inner size) of the Mamba-2 mixer."""
-    if c["model_type"] == "falcon_h1":
-        return c["mamba_n_groups"], c["mamba_d_ssm"]
-    if c["model_type"] == "nemotron_h":
-        return c["n_groups"], c["mamba_num_heads"] * c["mamba_head_dim"]
-    return c["n_groups"], c["num_heads"] * c["head_dim"]
 
 
 def _falcon_scale(name: str, w: torch.Tensor, c: dict) -> torch.Tensor:
@@ -100,6 +99,10 @@ def _converted(name: str, w: torch.Tensor, c: dict) -> torch.Tensor:
         w = _falcon_scale(name, w, c)
     if c["model_type"] == "lfm2":
         return w.squeeze(1) if "conv.conv" in name else w
+    if c["model_type"] == "mamba":
+        return -torch.exp(w) if name.endswith(".A_log") else w.squeeze() if name.endswith("conv1d.weight") else w
+    if c["model_type"] == "qwen3_next":
+        return _qwen3next(name, w)
     if c["model_type"] == "nemotron_h" and name.endswith("q_proj.weight"):
         return permute(w, c["num_attention_heads"])
     if c["model_type"] == "nemotron_h" and name.endswith("k_proj.weight"):
@@ -111,9 +114,38 @@ def _converted(name: str, w: torch.Tensor, c: dict) -> torch.Tensor:
     if name.endswith(".D"):
         return w.reshape(-1, 1)
     if name.endswith(("mixer.norm.weight", "mamba.norm.weight")):
-        groups, inner = _mamba_heads(c)
+        groups, inner = mamba2_sizes(c)
         return w.reshape(groups, inner // groups)
     return w
+
+
+def _qwen3next(name: str, w: torch.Tensor) -> torch.Tensor:
+    if name.endswith(".A_log"):
+        return -torch.exp(w)
+    if "conv1d" in name:
+        return w.squeeze()
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return w + 1
+    return w
+
+
+def _split_qkvz(w: torch.Tensor, c: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3NextModel.modify_tensors' regrouping of in_proj_qkvz into (attn_qkv, attn_gate)."""
+    dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    nk, nv, hidden = c["linear_num_key_heads"], c["linear_num_value_heads"], c["hidden_size"]
+    split = [dk, dk, nv // nk * dv, nv // nk * dv]
+    q, k, v, z = torch.split(w.permute(1, 0).contiguous().view(-1, nk, sum(split)), split, dim=-1)
+    q, k, v, z = (t.contiguous().view(hidden, -1) for t in (q, k, v, z))
+    return torch.cat([q, k, v], dim=-1).permute(1, 0).contiguous(), z.permute(1, 0).contiguous()
+
+
+def _join_qkvz(qkv: torch.Tensor, z: torch.Tensor, c: dict) -> torch.Tensor:
+    """_split_qkvz's inverse: each key head's [q, k, v, z] rows back together."""
+    dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    q, k, v = torch.split(qkv, [nk * dk, nk * dk, nv * dv])
+    heads = [t.reshape(nk, -1, t.shape[-1]) for t in (q, k, v, z)]
+    return torch.cat(heads, dim=1).reshape(-1, qkv.shape[-1])
 
 
 def converted_tensors(directory: Path) -> list[tuple[str, torch.Tensor]]:
@@ -122,87 +154,19 @@ def converted_tensors(directory: Path) -> list[tuple[str, torch.Tensor]]:
     state = load_file(directory / "model.safetensors")
     out, experts = [], {}
     for name, w in state.items():
-        if ".mixer.experts." in name:
-            _, _, layer, _, _, expert, proj, _ = name.split(".")
-            experts.setdefault((int(layer), proj), {})[int(expert)] = w.float()
+        if (match := EXPERT.fullmatch(name)) is not None:
+            experts.setdefault((int(match.group(2)), match.group(5)), {})[int(match.group(4))] = w.float()
+            continue
+        if name.endswith("in_proj_qkvz.weight"):
+            layer = name.split(".")[2]
+            qkv, z = _split_qkvz(w.float(), c)
+            out += [(f"blk.{layer}.attn_qkv.weight", qkv), (f"blk.{layer}.attn_gate.weight", z)]
             continue
         out.append((_gguf_name(name, c), _converted(name, w.float(), c)))
     for (layer, proj), parts in sorted(experts.items()):
         stacked = torch.stack([parts[e] for e in range(len(parts))])
         out.append((_gguf_name(f"model.layers.{layer}.mlp.experts.{proj}.weight", c), stacked))
     return out
-
-
-def _metadata(w: gguf.GGUFWriter, c: dict, tensors: list) -> None:
-    arch, layers = arch_of(c), _layers(c)
-    w.add_block_count(layers)
-    w.add_embedding_length(c["hidden_size"])
-    if arch != "mamba2":
-        w.add_vocab_size(c["vocab_size"])
-    if arch in ("mamba2", "nemotron_h", "nemotron_h_moe", "falcon-h1"):
-        groups, inner = _mamba_heads(c)
-        heads = {"mamba2": "num_heads", "falcon-h1": "mamba_n_heads"}.get(arch, "mamba_num_heads")
-        w.add_ssm_conv_kernel(c.get("conv_kernel") or c.get("mamba_d_conv"))
-        w.add_ssm_inner_size(inner)
-        w.add_ssm_state_size(c.get("state_size") or c.get("ssm_state_size") or c.get("mamba_d_state"))
-        w.add_ssm_time_step_rank(c[heads])
-        w.add_ssm_group_count(groups)
-    if arch == "mamba2":
-        w.add_context_length(2 ** 20)
-        w.add_feed_forward_length(0)
-        w.add_head_count(0)
-        w.add_layer_norm_rms_eps(c["layer_norm_epsilon"])
-    elif arch.startswith("nemotron_h"):
-        _nemotron_metadata(w, c)
-    elif arch == "falcon-h1":
-        w.add_context_length(c["max_position_embeddings"])
-        w.add_feed_forward_length(c["intermediate_size"])
-        w.add_head_count(c["num_attention_heads"])
-        w.add_head_count_kv(c["num_key_value_heads"])
-        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-        w.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
-    else:  # lfm2
-        w.add_context_length(c["max_position_embeddings"])
-        w.add_feed_forward_length(_lfm2_width(tensors))
-        w.add_head_count(c["num_attention_heads"])
-        w.add_head_count_kv([c["num_key_value_heads"] if t != "conv" else 0 for t in c["layer_types"]])
-        w.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
-        w.add_layer_norm_rms_eps(c["norm_eps"])
-        w.add_shortconv_l_cache(c["conv_L_cache"])
-
-
-def _lfm2_width(tensors: list) -> int:
-    """The MLP width after LFM2's auto-adjustment, which the converter computes from the config."""
-    return next(t.shape[0] for name, t in tensors if name == "blk.0.ffn_up.weight")
-
-
-def _nemotron_metadata(w: gguf.GGUFWriter, c: dict) -> None:
-    kinds, moe = c["layers_block_type"], arch_of(c) == "nemotron_h_moe"
-    attention = [i for i, k in enumerate(kinds) if k in ("attention", "full_attention")]
-    mlp_kind = "moe" if moe else "mlp"
-    width = c["moe_intermediate_size"] if moe else c["intermediate_size"]
-    w.add_context_length(2 ** 20)
-    w.add_feed_forward_length([width if k == mlp_kind else 0 for k in kinds])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv([c["num_key_value_heads"] if i in attention else 0 for i in range(len(kinds))])
-    w.add_layer_norm_eps(c["layer_norm_epsilon"])
-    w.add_rope_dimension_count(c["head_dim"])
-    w.add_rope_scaling_finetuned(False)
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
-    if moe:
-        w.add_expert_count(c["n_routed_experts"])
-        w.add_expert_used_count(c["num_experts_per_tok"])
-        w.add_expert_group_count(c["n_group"])
-        w.add_expert_group_used_count(c["topk_group"])
-        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
-        w.add_expert_shared_feed_forward_length(c["moe_shared_expert_intermediate_size"])
-        w.add_expert_shared_count(c["n_shared_experts"])
-        w.add_expert_weights_norm(c["norm_topk_prob"])
-        w.add_expert_weights_scale(c["routed_scaling_factor"])
 
 
 def write_family_gguf(directory: Path, out: Path, types: Callable[[str, tuple[int, ...]], T],
@@ -213,7 +177,7 @@ def write_family_gguf(directory: Path, out: Path, types: Callable[[str, tuple[in
         tensors = [(n, t) for n, t in tensors if n != "output.weight"]
     writer = gguf.GGUFWriter(out, arch_of(c))
     writer.add_name(directory.name)
-    _metadata(writer, c, tensors)
+    metadata(writer, arch_of(c), c, tensors)
     if file_type is not None:
         writer.add_file_type(file_type)
     _tokenizer(writer, directory, c)
@@ -232,13 +196,19 @@ def oracle_checkpoint(path: Path, directory: Path, out: Path) -> Path:
     config's multipliers are 1, since the file holds them in its weights."""
     c = json.loads((directory / "config.json").read_text())
     hf_names = _hf_names(directory, c)
-    state = {}
+    state, qkvz = {}, {}
     for tensor in gguf.GGUFReader(path).tensors:
         shape = tuple(int(n) for n in reversed(tensor.shape))
         data = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
         w = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)
+        if tensor.name.endswith(("attn_qkv.weight", "attn_gate.weight")):
+            qkvz.setdefault(tensor.name.split(".")[1], {})[tensor.name.split(".")[2]] = w
+            continue
         for hf_name, value in _restored(hf_names[tensor.name], w, c):
             state[hf_name] = value.contiguous()
+    for layer, parts in qkvz.items():
+        name = f"model.layers.{layer}.linear_attn.in_proj_qkvz.weight"
+        state[name] = _join_qkvz(parts["attn_qkv"], parts["attn_gate"], c).contiguous()
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, out / "model.safetensors")
     if c["model_type"] == "falcon_h1":
@@ -253,19 +223,20 @@ def _hf_names(directory: Path, c: dict) -> dict[str, str | tuple]:
     state = load_file(directory / "model.safetensors")
     out = {}
     for name in state:
-        if ".mixer.experts." in name:
-            _, _, layer, _, _, expert, proj, _ = name.split(".")
+        if (match := EXPERT.fullmatch(name)) is not None:
+            prefix, layer, block, _, proj = match.groups()
             key = _gguf_name(f"model.layers.{layer}.mlp.experts.{proj}.weight", c)
-            out[key] = ("experts", int(layer), proj)
-        else:
+            out[key] = (f"{prefix}.layers.{layer}.{block}.experts.{{e}}.{proj}.weight",)
+        elif not name.endswith("in_proj_qkvz.weight"):
             out[_gguf_name(name, c)] = name
     return out
 
 
 def _restored(hf_name, w: torch.Tensor, c: dict) -> list[tuple[str, torch.Tensor]]:
     if isinstance(hf_name, tuple):
-        _, layer, proj = hf_name
-        return [(EXPERT.format(layer=layer, expert=e, proj=proj), w[e]) for e in range(w.shape[0])]
+        return [(hf_name[0].format(e=e), w[e]) for e in range(w.shape[0])]
+    if c["model_type"] == "qwen3_next" and hf_name.endswith("norm.weight") and "linear_attn" not in hf_name:
+        return [(hf_name, w - 1)]
     if c["model_type"] == "nemotron_h" and hf_name.endswith("q_proj.weight"):
         return [(hf_name, unpermute(w, c["num_attention_heads"]))]
     if c["model_type"] == "nemotron_h" and hf_name.endswith("k_proj.weight"):
@@ -273,7 +244,7 @@ def _restored(hf_name, w: torch.Tensor, c: dict) -> list[tuple[str, torch.Tensor
     if hf_name.endswith(("conv1d.weight", "conv.conv.weight")):
         return [(hf_name, w.unsqueeze(1))]
     if hf_name.endswith(".A_log"):
-        return [(hf_name, torch.log(-w.reshape(-1)))]
+        return [(hf_name, torch.log(-w if c["model_type"] == "mamba" else -w.reshape(-1)))]
     if hf_name.endswith((".D", "mixer.norm.weight", "mamba.norm.weight")):
         return [(hf_name, w.reshape(-1))]
     return [(hf_name, w)]

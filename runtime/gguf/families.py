@@ -1,90 +1,25 @@
-"""The recurrent and hybrid GGUF architectures beyond llama and granitehybrid: mamba2, nemotron_h (and its MoE
-variant nemotron_h_moe), falcon-h1 and lfm2. Each gives the HF config.json its metadata stands for, and the
-layout of its tensors (HF names, what the converter changed).
+"""The recurrent and hybrid GGUF architectures beyond llama and granitehybrid: mamba, mamba2, nemotron_h (and its
+MoE variant nemotron_h_moe), falcon-h1, lfm2 and qwen3next: the HF config.json each file's metadata stands for
+(their tensors' layout: runtime/gguf/layouts.py).
 
-What llama.cpp's convert_hf_to_gguf.py does to these (its conversion/mamba.py, nemotron.py, falcon_h1.py, lfm2.py):
-- every Mamba-2 mixer: A = -exp(A_log), D as (heads, 1), the conv squeezed, the gated norm grouped: undone in
-  weights._transform;
-- nemotron_h: q/k rows permuted like Llama's (through GraniteHybridModel), experts stacked into 3-D tensors;
+What the converter (llama.cpp's convert_hf_to_gguf.py) did that the config must say:
 - falcon-h1: every muP multiplier multiplied into the weights, so the file is a Falcon-H1 whose multipliers are
-  all 1 (the config says so); llama.cpp applies its grouped norm after the gate, hence mamba_norm_before_gate off;
-- lfm2: the short conv squeezed; the final norm is `token_embd_norm` (HF's misnamed `embedding_norm`).
+  all 1; llama.cpp applies the grouped norm after the gate, hence mamba_norm_before_gate off;
+- lfm2: the MLP width written after LFM2's auto-adjustment, hence block_auto_adjust_ff_dim off;
+- qwen3next: multi-token-prediction blocks (nextn_predict_layers) appended after the decoder's, which Tandem
+  skips as transformers does;
+- mamba with ssm.dt_b_c_rms (Falcon-Mamba) is refused: llama.cpp runs its B/C/dt norms with the layers' epsilon,
+  which the file cannot tell from Falcon-Mamba's own mixer_rms_eps.
 Layer kinds come from the tensors a block holds, as llama.cpp itself goes by.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 from typing import Any, Callable
 
 from runtime.gguf.config import _common, field, required, tensor_names, tensor_shape
 from runtime.hf_config import ConfigError
-
-MAMBA2_MIXER = {"ssm_in.weight": "in_proj.weight", "ssm_out.weight": "out_proj.weight",
-                "ssm_conv1d.weight": "conv1d.weight", "ssm_conv1d.bias": "conv1d.bias", "ssm_dt.bias": "dt_bias",
-                "ssm_a": "A_log", "ssm_d": "D", "ssm_norm.weight": "norm.weight"}
-QKV = {"attn_q.weight": "q_proj.weight", "attn_k.weight": "k_proj.weight", "attn_v.weight": "v_proj.weight"}
-
-
-def _under(prefix: str, table: dict[str, str]) -> dict[str, str]:
-    return {k: prefix + v for k, v in table.items()}
-
-
-def _with_biases(table: dict[str, str]) -> dict[str, str]:
-    """Each linear's optional bias beside its weight (bias-carrying variants of the same family)."""
-    biases = {k.removesuffix(".weight") + ".bias": v.removesuffix(".weight") + ".bias"
-              for k, v in table.items() if k.endswith(".weight") and "norm" not in k}
-    return {**biases, **table}
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a family's GGUF tensors go: `top` for the global ones, `layer` (a format string taking the block
-    index) followed by `table[suffix]` for the blocks' ones; `experts` names the per-expert HF tensor ({e}) that
-    each slice of a stacked GGUF expert tensor becomes; `permuted`: q/k rows permuted by the converter."""
-    top: dict[str, str]
-    layer: str
-    table: dict[str, str]
-    experts: dict[str, str] = dc_field(default_factory=dict)
-    permuted: bool = False
-
-
-BACKBONE = {"token_embd.weight": "backbone.embeddings.weight", "output_norm.weight": "backbone.norm_f.weight",
-            "output.weight": "lm_head.weight"}
-NEMOTRON_H = {
-    "attn_norm.weight": "norm.weight", **_under("mixer.", MAMBA2_MIXER), **_under("mixer.", QKV),
-    "attn_output.weight": "mixer.o_proj.weight", "ffn_up.weight": "mixer.up_proj.weight",
-    "ffn_down.weight": "mixer.down_proj.weight", "ffn_gate_inp.weight": "mixer.gate.weight",
-    "exp_probs_b.bias": "mixer.gate.e_score_correction_bias",
-    "ffn_up_shexp.weight": "mixer.shared_experts.up_proj.weight",
-    "ffn_down_shexp.weight": "mixer.shared_experts.down_proj.weight"}
-FALCON_H1 = {
-    "attn_norm.weight": "input_layernorm.weight", "ffn_norm": "pre_ff_layernorm.weight",
-    "ffn_norm.weight": "pre_ff_layernorm.weight", **_under("mamba.", MAMBA2_MIXER), **_under("self_attn.", QKV),
-    "attn_output.weight": "self_attn.o_proj.weight", "ffn_gate.weight": "feed_forward.gate_proj.weight",
-    "ffn_up.weight": "feed_forward.up_proj.weight", "ffn_down.weight": "feed_forward.down_proj.weight"}
-LFM2 = {
-    "attn_norm.weight": "operator_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
-    "shortconv.conv.weight": "conv.conv.weight", "shortconv.in_proj.weight": "conv.in_proj.weight",
-    "shortconv.out_proj.weight": "conv.out_proj.weight", **_under("self_attn.", QKV),
-    "attn_output.weight": "self_attn.out_proj.weight", "attn_q_norm.weight": "self_attn.q_layernorm.weight",
-    "attn_k_norm.weight": "self_attn.k_layernorm.weight", "ffn_gate.weight": "feed_forward.w1.weight",
-    "ffn_up.weight": "feed_forward.w3.weight", "ffn_down.weight": "feed_forward.w2.weight"}
-LAYOUTS = {
-    "mamba2": Layout(BACKBONE, "backbone.layers.{}.", _with_biases(
-        {"attn_norm.weight": "norm.weight", **_under("mixer.", MAMBA2_MIXER)})),
-    "nemotron_h": Layout(BACKBONE, "backbone.layers.{}.", _with_biases(NEMOTRON_H), permuted=True, experts={
-        "ffn_up_exps.weight": "mixer.experts.{e}.up_proj.weight",
-        "ffn_down_exps.weight": "mixer.experts.{e}.down_proj.weight"}),
-    "falcon_h1": Layout({"token_embd.weight": "model.embed_tokens.weight",
-                         "output_norm.weight": "model.final_layernorm.weight", "output.weight": "lm_head.weight"},
-                        "model.layers.{}.", _with_biases(FALCON_H1)),
-    "lfm2": Layout({"token_embd.weight": "model.embed_tokens.weight",
-                    "token_embd_norm.weight": "model.embedding_norm.weight", "output.weight": "lm_head.weight"},
-                   "model.layers.{}.", _with_biases(LFM2)),
-}
-
 
 def _get(path: Path, arch: str) -> Callable[..., Any]:
     return lambda key, default=None: field(path, f"{arch}.{key}", default)
@@ -206,6 +141,49 @@ def _lfm2(path: Path) -> dict[str, Any]:
     }
 
 
+def _mamba(path: Path) -> dict[str, Any]:
+    arch, names = "mamba", tensor_names(path)
+    if field(path, f"{arch}.ssm.dt_b_c_rms", False):
+        raise ConfigError(f"{path.name}: {arch}.ssm.dt_b_c_rms is set (Falcon-Mamba), which Tandem does not load from "
+                          "GGUF: llama.cpp runs those norms with the layers' epsilon, not the model's own; run the "
+                          "original checkpoint's directory instead")
+    hidden, inner = required(path, f"{arch}.embedding_length"), required(path, f"{arch}.ssm.inner_size")
+    return {**_common(path, arch), "architectures": ["MambaForCausalLM"], "model_type": "mamba",
+            "intermediate_size": inner, "expand": inner // hidden, "state_size": required(path, f"{arch}.ssm.state_size"),
+            "conv_kernel": required(path, f"{arch}.ssm.conv_kernel"),
+            "time_step_rank": required(path, f"{arch}.ssm.time_step_rank"),
+            "use_conv_bias": "blk.0.ssm_conv1d.bias" in names, "use_bias": "blk.0.ssm_in.bias" in names,
+            "layer_norm_epsilon": field(path, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5), "hidden_act": "silu"}
+
+
+def _qwen3next(path: Path) -> dict[str, Any]:
+    arch, names = "qwen3next", tensor_names(path)
+    get = _get(path, arch)
+    # The multi-token-prediction blocks come after the decoder's; the engine predicts one token, as HF does.
+    layers = required(path, f"{arch}.block_count") - (get("nextn_predict_layers", 0) or 0)
+    hidden, heads = required(path, f"{arch}.embedding_length"), required(path, f"{arch}.attention.head_count")
+    head_dim = get("attention.key_length") or hidden // heads
+    value_heads = required(path, f"{arch}.ssm.time_step_rank")
+    kinds = ["linear_attention" if f"blk.{i}.ssm_a" in names else "full_attention" for i in range(layers)]
+    if any(f"blk.{i}.ffn_up.weight" in names for i in range(layers)):
+        raise ConfigError(f"{path.name}: qwen3next blocks with a dense MLP (mlp_only_layers) are not supported for GGUF")
+    return {
+        **_common(path, arch), "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+        "num_hidden_layers": layers, "layer_types": kinds, "num_attention_heads": heads,
+        "num_key_value_heads": _kv_heads(path, arch, kinds, "full_attention"), "head_dim": head_dim,
+        "partial_rotary_factor": (get("rope.dimension_count") or head_dim // 4) / head_dim,
+        "intermediate_size": get("feed_forward_length", 1), "num_experts": required(path, f"{arch}.expert_count"),
+        "num_experts_per_tok": required(path, f"{arch}.expert_used_count"),
+        "moe_intermediate_size": required(path, f"{arch}.expert_feed_forward_length"),
+        "shared_expert_intermediate_size": required(path, f"{arch}.expert_shared_feed_forward_length"),
+        "linear_conv_kernel_dim": required(path, f"{arch}.ssm.conv_kernel"),
+        "linear_key_head_dim": required(path, f"{arch}.ssm.state_size"),
+        "linear_num_key_heads": required(path, f"{arch}.ssm.group_count"), "linear_num_value_heads": value_heads,
+        "linear_value_head_dim": required(path, f"{arch}.ssm.inner_size") // value_heads,
+        "mlp_only_layers": [], "decoder_sparse_step": 1, "norm_topk_prob": True, "hidden_act": "silu",
+    }
+
+
 CONFIGS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    "mamba2": _mamba2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h, "falcon-h1": _falcon_h1,
+    "mamba": _mamba, "qwen3next": _qwen3next, "mamba2": _mamba2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h, "falcon-h1": _falcon_h1,
     "lfm2": _lfm2}

@@ -1,4 +1,5 @@
-"""GGUF files of the recurrent and hybrid families (mamba2, nemotron_h_moe, falcon-h1, lfm2), written as llama.cpp's
+"""GGUF files of the recurrent and hybrid families (mamba, mamba2, nemotron_h_moe, falcon-h1, lfm2, qwen3next), written
+as llama.cpp's
 converter writes them (tests/gguf_family_files.py), run in float32 against transformers on the checkpoint the file
 stands for (its tensors dequantized by gguf.quants.dequantize, the converter's changes undone)."""
 
@@ -10,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 from gguf_family_files import oracle_checkpoint, write_family_gguf
 from gguf_files import q4_k_m
 from test_gguf import GREEDY, PROMPTS, assert_matches
-from tiny_models import CONFIGS, FAMILY_CONFIGS, build_family_model, build_model
+from tiny_models import CONFIGS, DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model, build_model
 from transformers import AutoModelForCausalLM
 
 from runtime import LLM
@@ -20,11 +21,14 @@ from runtime.layers.quantized import QuantLinear
 # Every linear's input 256 wide for the K-quants (Mamba-2: 16 heads of 32 = twice the width); half the
 # initializer range keeps the activations at the tiny models' scale (see test_gguf.py's WIDE).
 WIDE = {"mamba2": dict(hidden_size=256, num_heads=16, head_dim=32, initializer_range=0.15)}
-CASES = [("mamba2", "F32"), ("mamba2", "Q8_0"), ("mamba2", "Q4_0"), ("mamba2", "Q4_K_M"),
+# llama.cpp's converter maps no dense-MLP block of Qwen3-Next (mlp_only_layers): published ones have none.
+OVERRIDES = {"qwen3_next": dict(mlp_only_layers=[])}
+CASES = [("mamba", "F32"), ("mamba", "Q8_0"), ("qwen3_next", "F32"), ("qwen3_next", "Q8_0"), ("qwen3_next", "Q4_0"),
+         ("mamba2", "F32"), ("mamba2", "Q8_0"), ("mamba2", "Q4_0"), ("mamba2", "Q4_K_M"),
          ("nemotron_h", "F32"), ("nemotron_h", "Q8_0"),
          ("falcon_h1", "F32"), ("falcon_h1", "Q8_0"), ("falcon_h1_rms_norm", "Q8_0"),
          ("lfm2", "F32"), ("lfm2", "Q8_0")]
-GGUF_ARCH = {"mamba2": "mamba2", "nemotron_h": "nemotron_h_moe", "falcon_h1": "falcon-h1",
+GGUF_ARCH = {"mamba": "mamba", "qwen3_next": "qwen3next", "mamba2": "mamba2", "nemotron_h": "nemotron_h_moe", "falcon_h1": "falcon-h1",
              "falcon_h1_rms_norm": "falcon-h1", "lfm2": "lfm2"}
 
 
@@ -55,8 +59,10 @@ def family_gguf(tokenizer_dir, tmp_path_factory):
     def make(name, kind):
         if (name, kind) not in built:
             root = tmp_path_factory.mktemp(f"{name}-{kind}")
-            build = build_model if name in CONFIGS else build_family_model
-            build(name, root / "hf", tokenizer_dir, **(WIDE.get(name, {}) if kind == "Q4_K_M" else {}))
+            build = build_model if name in CONFIGS else build_family_model if name in FAMILY_CONFIGS else \
+                build_deltanet_model
+            overrides = {**OVERRIDES.get(name, {}), **(WIDE.get(name, {}) if kind == "Q4_K_M" else {})}
+            build(name, root / "hf", tokenizer_dir, **overrides)
             types, file_type = FILE_TYPES[kind]
             write_family_gguf(root / "hf", root / "m.gguf", types, file_type)
             oracle = oracle_checkpoint(root / "m.gguf", root / "hf", root / "oracle")
@@ -97,4 +103,4 @@ def test_a_decode_batch_runs_the_file_as_eager_does(family_gguf):
 
 
 def tiny_architecture(name: str) -> str:
-    return (CONFIGS.get(name) or FAMILY_CONFIGS[name])[1]
+    return (CONFIGS.get(name) or FAMILY_CONFIGS.get(name) or DELTANET_CONFIGS[name])[1]
