@@ -1,6 +1,6 @@
 """GGUF files of the recurrent and hybrid families (mamba, mamba2, nemotron_h / nemotron_h_moe, falcon-h1, lfm2,
-qwen3next) written from tiny HF checkpoints as llama.cpp's convert_hf_to_gguf.py writes them (its vendored copy in
-the llama-cpp-python 0.3.36 sdist: conversion/mamba.py, nemotron.py, falcon_h1.py, lfm2.py, qwen.py), and the HF
+qwen3next, jamba) written from tiny HF checkpoints as llama.cpp's convert_hf_to_gguf.py writes them (its vendored copy in
+the llama-cpp-python 0.3.36 sdist: conversion/mamba.py, nemotron.py, falcon_h1.py, lfm2.py, qwen.py, jamba.py), and the HF
 checkpoint the file stands for.
 
 Tensor names come from gguf's TensorNameMap, as the converter's map_tensor_name takes them. What the converter
@@ -11,7 +11,7 @@ changes, and read_back undoes for the oracle:
   tensors; a config.json with num_experts_per_tok converts as nemotron_h_moe;
 - falcon-h1: every muP multiplier multiplied into the weights (the file is a Falcon-H1 with multipliers of 1);
 - lfm2: the short conv squeezed to (channels, kernel);
-- mamba: A = -exp(A_log) (inner, state), the conv squeezed;
+- mamba and jamba: A = -exp(A_log) (inner, state), the conv squeezed; jamba's experts stacked;
 - qwen3next (as with --no-mtp): norms stored as 1 + w (all but the Gated DeltaNet's), A = -exp(A_log), the conv
   squeezed, in_proj_qkvz's per-key-head [q, k, v, z] blocks regrouped into attn_qkv ([all q, all k, all v]) and
   attn_gate (all z), the experts stacked.
@@ -34,14 +34,14 @@ from safetensors.torch import load_file, save_file
 
 FALCON_MULTIPLIERS = ("embedding_multiplier", "lm_head_multiplier", "key_multiplier", "attention_in_multiplier",
                       "attention_out_multiplier", "ssm_in_multiplier", "ssm_out_multiplier")
-EXPERT = re.compile(r"(.+)\.layers\.(\d+)\.(mixer|mlp)\.experts\.(\d+)\.(\w+)\.weight")
+EXPERT = re.compile(r"(.+)\.layers\.(\d+)\.(mixer|mlp|feed_forward)\.experts\.(\d+)\.(\w+)\.weight")
 
 
 def arch_of(c: dict) -> str:
     if c["model_type"] == "nemotron_h":
         return "nemotron_h_moe" if "num_experts_per_tok" in c else "nemotron_h"
-    return {"mamba2": "mamba2", "mamba": "mamba", "falcon_h1": "falcon-h1", "lfm2": "lfm2",
-            "qwen3_next": "qwen3next"}[c["model_type"]]
+    return {"mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba", "falcon_h1": "falcon-h1", "lfm2": "lfm2",
+            "qwen3_next": "qwen3next", "jamba": "jamba"}[c["model_type"]]
 
 
 def _name_map(c: dict):
@@ -99,7 +99,7 @@ def _converted(name: str, w: torch.Tensor, c: dict) -> torch.Tensor:
         w = _falcon_scale(name, w, c)
     if c["model_type"] == "lfm2":
         return w.squeeze(1) if "conv.conv" in name else w
-    if c["model_type"] == "mamba":
+    if c["model_type"] in ("mamba", "falcon_mamba", "jamba"):
         return -torch.exp(w) if name.endswith(".A_log") else w.squeeze() if name.endswith("conv1d.weight") else w
     if c["model_type"] == "qwen3_next":
         return _qwen3next(name, w)
@@ -244,7 +244,7 @@ def _restored(hf_name, w: torch.Tensor, c: dict) -> list[tuple[str, torch.Tensor
     if hf_name.endswith(("conv1d.weight", "conv.conv.weight")):
         return [(hf_name, w.unsqueeze(1))]
     if hf_name.endswith(".A_log"):
-        return [(hf_name, torch.log(-w if c["model_type"] == "mamba" else -w.reshape(-1)))]
+        return [(hf_name, torch.log(-w if c["model_type"] in ("mamba", "jamba") else -w.reshape(-1)))]
     if hf_name.endswith((".D", "mixer.norm.weight", "mamba.norm.weight")):
         return [(hf_name, w.reshape(-1))]
     return [(hf_name, w)]

@@ -18,7 +18,7 @@ def mamba2_sizes(c: dict) -> tuple[int, int]:
 def metadata(w: gguf.GGUFWriter, arch: str, c: dict, tensors: list) -> None:
     w.add_block_count(c.get("num_hidden_layers") or len(c["layers_block_type"]))
     w.add_embedding_length(c["hidden_size"])
-    if arch not in ("mamba2", "mamba", "qwen3next"):
+    if arch not in ("mamba2", "mamba", "qwen3next", "jamba"):
         w.add_vocab_size(c["vocab_size"])
     if arch in ("mamba2", "nemotron_h", "nemotron_h_moe", "falcon-h1"):
         groups, inner = mamba2_sizes(c)
@@ -29,7 +29,7 @@ def metadata(w: gguf.GGUFWriter, arch: str, c: dict, tensors: list) -> None:
         w.add_ssm_time_step_rank(c[heads])
         w.add_ssm_group_count(groups)
     {"mamba2": _mamba2, "mamba": _mamba, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h,
-     "falcon-h1": _falcon_h1, "lfm2": _lfm2, "qwen3next": _qwen3next}[arch](w, c, tensors)
+     "falcon-h1": _falcon_h1, "lfm2": _lfm2, "qwen3next": _qwen3next, "jamba": _jamba}[arch](w, c, tensors)
 
 
 def _mamba2(w: gguf.GGUFWriter, c: dict, tensors: list) -> None:
@@ -121,3 +121,20 @@ def _qwen3next(w: gguf.GGUFWriter, c: dict, tensors: list) -> None:
     w.add_full_attention_interval(c.get("full_attention_interval", 4))
     partial = c["rope_parameters"].get("partial_rotary_factor", 0.25)
     w.add_rope_dimension_count(int(c["head_dim"] * partial))
+
+
+def _jamba(w: gguf.GGUFWriter, c: dict, tensors: list) -> None:
+    offset, period = c["attn_layer_offset"], c["attn_layer_period"]
+    layers = c["num_hidden_layers"]
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv([0] * offset + [c["num_key_value_heads"] if (i - offset) % period == 0 else 0
+                                        for i in range(offset, layers)])
+    w.add_ssm_conv_kernel(c["mamba_d_conv"])
+    w.add_ssm_inner_size(c["mamba_expand"] * c["hidden_size"])
+    w.add_ssm_state_size(c["mamba_d_state"])
+    w.add_ssm_time_step_rank(c["mamba_dt_rank"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(c["num_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])

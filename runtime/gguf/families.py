@@ -1,5 +1,5 @@
 """The recurrent and hybrid GGUF architectures beyond llama and granitehybrid: mamba, mamba2, nemotron_h (and its
-MoE variant nemotron_h_moe), falcon-h1, lfm2 and qwen3next: the HF config.json each file's metadata stands for
+MoE variant nemotron_h_moe), falcon-h1, lfm2, qwen3next and jamba: the HF config.json each file's metadata stands for
 (their tensors' layout: runtime/gguf/layouts.py).
 
 What the converter (llama.cpp's convert_hf_to_gguf.py) did that the config must say:
@@ -184,6 +184,45 @@ def _qwen3next(path: Path) -> dict[str, Any]:
     }
 
 
+def _period(path: Path, layers: int, marked: list[int], what: str) -> tuple[int, int]:
+    """(period, offset) with `marked` == [i for i in range(layers) if i % period == offset], as JambaConfig places
+    its attention and expert layers; a file whose layers follow no such rule is refused."""
+    if not marked:
+        return layers + 1, layers
+    period = marked[1] - marked[0] if len(marked) > 1 else layers
+    offset = marked[0] % period
+    if [i for i in range(layers) if i % period == offset] != marked:
+        raise ConfigError(f"{path.name}: the {what} layers {marked} are not every n-th layer from an offset, "
+                          "which is how Jamba places them")
+    return period, offset
+
+
+def _jamba(path: Path) -> dict[str, Any]:
+    arch, names = "jamba", tensor_names(path)
+    layers, hidden = required(path, f"{arch}.block_count"), required(path, f"{arch}.embedding_length")
+    attention = [i for i in range(layers) if f"blk.{i}.attn_q.weight" in names]
+    experts = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in names]
+    attn_period, attn_offset = _period(path, layers, attention, "attention")
+    expert_period, expert_offset = _period(path, layers, experts, "expert")
+    mamba = next((i for i in range(layers) if i not in attention), 0)
+    inner = required(path, f"{arch}.ssm.inner_size")
+    return {
+        **_common(path, arch), "architectures": ["JambaForCausalLM"], "model_type": "jamba",
+        "attn_layer_period": attn_period, "attn_layer_offset": attn_offset,
+        "expert_layer_period": expert_period, "expert_layer_offset": expert_offset,
+        "num_attention_heads": required(path, f"{arch}.attention.head_count"),
+        "num_key_value_heads": _kv_heads(path, arch, ["attention" if i in attention else "mamba"
+                                                      for i in range(layers)], "attention"),
+        "intermediate_size": required(path, f"{arch}.feed_forward_length"),
+        "num_experts": field(path, f"{arch}.expert_count", 1) or 1,
+        "num_experts_per_tok": field(path, f"{arch}.expert_used_count", 1) or 1,
+        "mamba_d_state": required(path, f"{arch}.ssm.state_size"), "mamba_d_conv": required(path, f"{arch}.ssm.conv_kernel"),
+        "mamba_expand": inner // hidden, "mamba_dt_rank": required(path, f"{arch}.ssm.time_step_rank"),
+        "mamba_conv_bias": f"blk.{mamba}.ssm_conv1d.bias" in names, "mamba_proj_bias": f"blk.{mamba}.ssm_in.bias" in names,
+        "hidden_act": "silu",
+    }
+
+
 CONFIGS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    "mamba": _mamba, "qwen3next": _qwen3next, "mamba2": _mamba2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h, "falcon-h1": _falcon_h1,
+    "jamba": _jamba, "mamba": _mamba, "qwen3next": _qwen3next, "mamba2": _mamba2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h, "falcon-h1": _falcon_h1,
     "lfm2": _lfm2}

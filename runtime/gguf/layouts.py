@@ -1,13 +1,13 @@
 """Where the GGUF tensors of the families in runtime/gguf/families.py go in the HF checkpoint, and which of the
 converter's changes weights.py undoes for each (llama.cpp's convert_hf_to_gguf.py: conversion/mamba.py,
-nemotron.py, falcon_h1.py, lfm2.py, qwen.py).
+nemotron.py, falcon_h1.py, lfm2.py, qwen.py, jamba.py).
 
 Every Mamba mixer: A stored as -exp(A_log), D (Mamba-2: as (heads, 1)), the conv squeezed, Mamba-2's gated norm
 grouped; these are undone by suffix in weights._transform. Per family, as `Layout` says:
 - nemotron_h: q/k rows permuted like Llama's (through GraniteHybridModel);
 - qwen3next: its norms stored as 1 + w (all but the Gated DeltaNet's), in_proj_qkvz's per-key-head [q, k, v, z]
   blocks regrouped into attn_qkv ([all q, all k, all v]) and attn_gate (all z);
-- nemotron_h and qwen3next: the experts stacked into 3-D tensors, one slice per expert.
+- nemotron_h, qwen3next and jamba: the experts stacked into 3-D tensors, one slice per expert.
 """
 
 from __future__ import annotations
@@ -81,6 +81,13 @@ QWEN3_NEXT = {
     "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
     "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"}
+JAMBA = {
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "pre_ff_layernorm.weight",
+    **_under("mamba.", MAMBA_MIXER), "ssm_dt_norm.weight": "mamba.dt_layernorm.weight",
+    "ssm_b_norm.weight": "mamba.b_layernorm.weight", "ssm_c_norm.weight": "mamba.c_layernorm.weight",
+    **_under("self_attn.", QKV), "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "feed_forward.gate_proj.weight", "ffn_up.weight": "feed_forward.up_proj.weight",
+    "ffn_down.weight": "feed_forward.down_proj.weight", "ffn_gate_inp.weight": "feed_forward.router.weight"}
 MODEL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
          "output.weight": "lm_head.weight"}
 LAYOUTS = {
@@ -95,6 +102,9 @@ LAYOUTS = {
                         _with_biases(FALCON_H1)),
     "lfm2": Layout({**{k: v for k, v in MODEL.items() if k != "output_norm.weight"},
                     "token_embd_norm.weight": "model.embedding_norm.weight"}, "model.layers.{}.", _with_biases(LFM2)),
+    "jamba": Layout({**MODEL, "output_norm.weight": "model.final_layernorm.weight"}, "model.layers.{}.",
+                    _with_biases(JAMBA), experts={f"ffn_{proj}_exps.weight": f"feed_forward.experts.{{e}}.{proj}_proj.weight"
+                                                  for proj in ("gate", "up", "down")}),
     "qwen3_next": Layout(MODEL, "model.layers.{}.", QWEN3_NEXT, norm_offset=1.0,
                          qkvz="linear_attn.in_proj_qkvz.weight", experts={
                              f"ffn_{proj}_exps.weight": f"mlp.experts.{{e}}.{proj}_proj.weight"

@@ -5,12 +5,18 @@ stands for (its tensors dequantized by gguf.quants.dequantize, the converter's c
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
+
 import gguf
+import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf_family_files import oracle_checkpoint, write_family_gguf
 from gguf_files import q4_k_m
-from test_gguf import GREEDY, PROMPTS, assert_matches
+from test_gguf import CONVERTER_SHIM, GREEDY, LLAMA_CPP, PROMPTS, assert_matches, cli_error, llm_error
 from tiny_models import CONFIGS, DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model, build_model
 from transformers import AutoModelForCausalLM
 
@@ -23,12 +29,12 @@ from runtime.layers.quantized import QuantLinear
 WIDE = {"mamba2": dict(hidden_size=256, num_heads=16, head_dim=32, initializer_range=0.15)}
 # llama.cpp's converter maps no dense-MLP block of Qwen3-Next (mlp_only_layers): published ones have none.
 OVERRIDES = {"qwen3_next": dict(mlp_only_layers=[])}
-CASES = [("mamba", "F32"), ("mamba", "Q8_0"), ("qwen3_next", "F32"), ("qwen3_next", "Q8_0"), ("qwen3_next", "Q4_0"),
+CASES = [("mamba", "F32"), ("mamba", "Q8_0"), ("jamba", "F32"), ("jamba", "Q8_0"), ("qwen3_next", "F32"), ("qwen3_next", "Q8_0"), ("qwen3_next", "Q4_0"),
          ("mamba2", "F32"), ("mamba2", "Q8_0"), ("mamba2", "Q4_0"), ("mamba2", "Q4_K_M"),
          ("nemotron_h", "F32"), ("nemotron_h", "Q8_0"),
          ("falcon_h1", "F32"), ("falcon_h1", "Q8_0"), ("falcon_h1_rms_norm", "Q8_0"),
          ("lfm2", "F32"), ("lfm2", "Q8_0")]
-GGUF_ARCH = {"mamba": "mamba", "qwen3_next": "qwen3next", "mamba2": "mamba2", "nemotron_h": "nemotron_h_moe", "falcon_h1": "falcon-h1",
+GGUF_ARCH = {"mamba": "mamba", "jamba": "jamba", "qwen3_next": "qwen3next", "mamba2": "mamba2", "nemotron_h": "nemotron_h_moe", "falcon_h1": "falcon-h1",
              "falcon_h1_rms_norm": "falcon-h1", "lfm2": "lfm2"}
 
 
@@ -104,3 +110,78 @@ def test_a_decode_batch_runs_the_file_as_eager_does(family_gguf):
 
 def tiny_architecture(name: str) -> str:
     return (CONFIGS.get(name) or FAMILY_CONFIGS.get(name) or DELTANET_CONFIGS[name])[1]
+
+
+def test_a_falcon_mamba_file_is_refused_with_the_reason(tokenizer_dir, tmp_path):
+    """llama.cpp runs Falcon-Mamba's B/C/dt norms with the layers' epsilon, which the file cannot tell apart from
+    the model's own mixer_rms_eps: one line saying so, from LLM and from the CLI."""
+    build_family_model("falcon_mamba", tmp_path / "hf", tokenizer_dir)
+    write_family_gguf(tmp_path / "hf", tmp_path / "m.gguf", *FILE_TYPES["Q8_0"])
+    for message in (llm_error(tmp_path / "m.gguf"), cli_error(tmp_path / "m.gguf")):
+        assert "mamba.ssm.dt_b_c_rms is set (Falcon-Mamba), which Tandem does not load from GGUF" in message
+
+
+def test_a_qwen3next_file_whose_key_heads_disagree_with_its_tensors_names_one(family_gguf, tmp_path):
+    """The Gated DeltaNet's key-head count disagrees with the tensors: one line naming a tensor, nothing loaded."""
+    path, _ = family_gguf("qwen3_next", "F32")
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(tmp_path / "m.gguf", "qwen3next")
+    for key, item in reader.fields.items():
+        if key.startswith("qwen3next.") and key != "qwen3next.ssm.group_count":
+            copy_field(writer, key, item)
+        elif key.startswith("tokenizer.ggml.") or key == "general.file_type":
+            copy_field(writer, key, item)
+    writer.add_ssm_group_count(1)  # the tensors have 2 key heads
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    message = llm_error(tmp_path / "m.gguf")
+    assert "tensor blk.0." in message and "the metadata makes it" in message and "inconsistent" in message
+
+
+def copy_field(writer, key, item):
+    value, kind = item.contents(), item.types[0]
+    if kind == gguf.GGUFValueType.ARRAY:
+        writer.add_array(key, value)
+    elif kind == gguf.GGUFValueType.STRING:
+        writer.add_string(key, value)
+    else:
+        writer.add_key_value(key, value, kind)
+
+
+# llama.cpp's own converter, where its source is at hand (LLAMA_CPP_DIR, as test_gguf.py's converter test): the
+# layout gguf_family_files.py writes is the converter's, tensor for tensor, and the converter's files run.
+FAMILY_SHIM = CONVERTER_SHIM.replace("sys.argv[0] = str", """from conversion import jamba
+jamba.JambaModel.set_vocab = lambda self: self._set_vocab_gpt2()  # no Llama tokenizer in the tiny checkpoints
+sys.argv[0] = str""")
+
+
+def family_layout(path):
+    reader = gguf.GGUFReader(path)
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith(("GGUF.", "general.", "tokenizer."))}
+    return fields, {t.name: np.asarray(t.data).tobytes() for t in reader.tensors}
+
+
+@pytest.mark.skipif(not LLAMA_CPP, reason="set LLAMA_CPP_DIR to llama.cpp's source to run its converter")
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "nemotron_h", "falcon_h1", "lfm2", "qwen3_next", "jamba"])
+def test_llama_cpps_converter_writes_what_the_tests_write_and_runs(name, tokenizer_dir, tmp_path):
+    build = build_model if name in CONFIGS else build_family_model if name in FAMILY_CONFIGS else build_deltanet_model
+    build(name, tmp_path / "hf", tokenizer_dir, **OVERRIDES.get(name, {}))
+    source = tmp_path / "source"
+    shutil.copytree(tmp_path / "hf", source)
+    config = json.loads((source / "config.json").read_text())
+    if name == "falcon_h1":  # published Falcon-H1 configs carry head_dim, which the converter reads
+        (source / "config.json").write_text(json.dumps({**config, "head_dim": 16}))
+    extra = ["--no-mtp"] if name == "qwen3_next" else []  # the tiny checkpoint has no MTP head
+    for outtype in ("f32", "q8_0"):
+        result = subprocess.run([sys.executable, "-c", FAMILY_SHIM, LLAMA_CPP, str(source), "--outtype", outtype,
+                                 "--outfile", str(tmp_path / f"{outtype}.gguf"), *extra], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+    write_family_gguf(tmp_path / "hf", tmp_path / "ours.gguf", *FILE_TYPES["F32"])
+    theirs, ours = family_layout(tmp_path / "f32.gguf"), family_layout(tmp_path / "ours.gguf")
+    assert theirs[0] == ours[0] and theirs[1].keys() == ours[1].keys()
+    assert all(theirs[1][n] == ours[1][n] for n in ours[1])
+    for outtype in ("f32", "q8_0"):
+        oracle = oracle_checkpoint(tmp_path / f"{outtype}.gguf", tmp_path / "hf", tmp_path / f"oracle-{outtype}")
+        reference = AutoModelForCausalLM.from_pretrained(oracle).float().eval()
+        assert_matches(LLM(str(tmp_path / f"{outtype}.gguf"), dtype="float32"), reference, f"{name} {outtype}")
