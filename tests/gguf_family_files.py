@@ -1,7 +1,7 @@
 """GGUF files of the recurrent and hybrid families (mamba, mamba2, nemotron_h / nemotron_h_moe, falcon-h1, lfm2,
-qwen3next, jamba) written from tiny HF checkpoints as llama.cpp's convert_hf_to_gguf.py writes them (its vendored copy in
-the llama-cpp-python 0.3.36 sdist: conversion/mamba.py, nemotron.py, falcon_h1.py, lfm2.py, qwen.py, jamba.py), and the HF
-checkpoint the file stands for.
+qwen3next, jamba) written from tiny HF checkpoints as llama.cpp's convert_hf_to_gguf.py writes them (its vendored
+copy in the llama-cpp-python 0.3.36 sdist: conversion/mamba.py, nemotron.py, falcon_h1.py, lfm2.py, qwen.py,
+jamba.py), and the HF checkpoint the file stands for.
 
 Tensor names come from gguf's TensorNameMap, as the converter's map_tensor_name takes them. What the converter
 changes, and read_back undoes for the oracle:

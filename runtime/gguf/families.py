@@ -149,7 +149,8 @@ def _mamba(path: Path) -> dict[str, Any]:
                           "original checkpoint's directory instead")
     hidden, inner = required(path, f"{arch}.embedding_length"), required(path, f"{arch}.ssm.inner_size")
     return {**_common(path, arch), "architectures": ["MambaForCausalLM"], "model_type": "mamba",
-            "intermediate_size": inner, "expand": inner // hidden, "state_size": required(path, f"{arch}.ssm.state_size"),
+            "intermediate_size": inner, "expand": inner // hidden,
+            "state_size": required(path, f"{arch}.ssm.state_size"),
             "conv_kernel": required(path, f"{arch}.ssm.conv_kernel"),
             "time_step_rank": required(path, f"{arch}.ssm.time_step_rank"),
             "use_conv_bias": "blk.0.ssm_conv1d.bias" in names, "use_bias": "blk.0.ssm_in.bias" in names,
@@ -166,7 +167,8 @@ def _qwen3next(path: Path) -> dict[str, Any]:
     value_heads = required(path, f"{arch}.ssm.time_step_rank")
     kinds = ["linear_attention" if f"blk.{i}.ssm_a" in names else "full_attention" for i in range(layers)]
     if any(f"blk.{i}.ffn_up.weight" in names for i in range(layers)):
-        raise ConfigError(f"{path.name}: qwen3next blocks with a dense MLP (mlp_only_layers) are not supported for GGUF")
+        raise ConfigError(f"{path.name}: qwen3next blocks with a dense MLP (mlp_only_layers) are not supported "
+                          "for GGUF")
     return {
         **_common(path, arch), "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
         "num_hidden_layers": layers, "layer_types": kinds, "num_attention_heads": heads,
@@ -216,13 +218,15 @@ def _jamba(path: Path) -> dict[str, Any]:
         "intermediate_size": required(path, f"{arch}.feed_forward_length"),
         "num_experts": field(path, f"{arch}.expert_count", 1) or 1,
         "num_experts_per_tok": field(path, f"{arch}.expert_used_count", 1) or 1,
-        "mamba_d_state": required(path, f"{arch}.ssm.state_size"), "mamba_d_conv": required(path, f"{arch}.ssm.conv_kernel"),
+        "mamba_d_state": required(path, f"{arch}.ssm.state_size"),
+        "mamba_d_conv": required(path, f"{arch}.ssm.conv_kernel"),
         "mamba_expand": inner // hidden, "mamba_dt_rank": required(path, f"{arch}.ssm.time_step_rank"),
-        "mamba_conv_bias": f"blk.{mamba}.ssm_conv1d.bias" in names, "mamba_proj_bias": f"blk.{mamba}.ssm_in.bias" in names,
+        "mamba_conv_bias": f"blk.{mamba}.ssm_conv1d.bias" in names,
+        "mamba_proj_bias": f"blk.{mamba}.ssm_in.bias" in names,
         "hidden_act": "silu",
     }
 
 
 CONFIGS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    "jamba": _jamba, "mamba": _mamba, "qwen3next": _qwen3next, "mamba2": _mamba2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h, "falcon-h1": _falcon_h1,
-    "lfm2": _lfm2}
+    "mamba": _mamba, "mamba2": _mamba2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h,
+    "falcon-h1": _falcon_h1, "lfm2": _lfm2, "qwen3next": _qwen3next, "jamba": _jamba}

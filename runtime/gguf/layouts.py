@@ -103,8 +103,9 @@ LAYOUTS = {
     "lfm2": Layout({**{k: v for k, v in MODEL.items() if k != "output_norm.weight"},
                     "token_embd_norm.weight": "model.embedding_norm.weight"}, "model.layers.{}.", _with_biases(LFM2)),
     "jamba": Layout({**MODEL, "output_norm.weight": "model.final_layernorm.weight"}, "model.layers.{}.",
-                    _with_biases(JAMBA), experts={f"ffn_{proj}_exps.weight": f"feed_forward.experts.{{e}}.{proj}_proj.weight"
-                                                  for proj in ("gate", "up", "down")}),
+                    _with_biases(JAMBA), experts={
+                        f"ffn_{proj}_exps.weight": f"feed_forward.experts.{{e}}.{proj}_proj.weight"
+                        for proj in ("gate", "up", "down")}),
     "qwen3_next": Layout(MODEL, "model.layers.{}.", QWEN3_NEXT, norm_offset=1.0,
                          qkvz="linear_attn.in_proj_qkvz.weight", experts={
                              f"ffn_{proj}_exps.weight": f"mlp.experts.{{e}}.{proj}_proj.weight"

@@ -28,13 +28,18 @@ from runtime.layers.quantized import QuantLinear
 # initializer range keeps the activations at the tiny models' scale (see test_gguf.py's WIDE).
 WIDE = {"mamba2": dict(hidden_size=256, num_heads=16, head_dim=32, initializer_range=0.15)}
 # llama.cpp's converter maps no dense-MLP block of Qwen3-Next (mlp_only_layers): published ones have none.
-OVERRIDES = {"qwen3_next": dict(mlp_only_layers=[])}
-CASES = [("mamba", "F32"), ("mamba", "Q8_0"), ("jamba", "F32"), ("jamba", "Q8_0"), ("qwen3_next", "F32"), ("qwen3_next", "Q8_0"), ("qwen3_next", "Q4_0"),
+# nemotron_h_dense: Nemotron-H without experts, whose config.json lacks num_experts_per_tok (as Nemotron-H 8B's
+# does), which the converter writes as architecture nemotron_h rather than nemotron_h_moe.
+OVERRIDES = {"qwen3_next": dict(mlp_only_layers=[]),
+             "nemotron_h_dense": dict(layers_block_type=["mamba", "attention", "mlp", "mamba", "mlp"])}
+CASES = [("mamba", "F32"), ("mamba", "Q8_0"), ("jamba", "F32"), ("jamba", "Q8_0"),
+         ("qwen3_next", "F32"), ("qwen3_next", "Q8_0"), ("qwen3_next", "Q4_0"),
          ("mamba2", "F32"), ("mamba2", "Q8_0"), ("mamba2", "Q4_0"), ("mamba2", "Q4_K_M"),
-         ("nemotron_h", "F32"), ("nemotron_h", "Q8_0"),
+         ("nemotron_h", "F32"), ("nemotron_h", "Q8_0"), ("nemotron_h_dense", "Q8_0"),
          ("falcon_h1", "F32"), ("falcon_h1", "Q8_0"), ("falcon_h1_rms_norm", "Q8_0"),
          ("lfm2", "F32"), ("lfm2", "Q8_0")]
-GGUF_ARCH = {"mamba": "mamba", "jamba": "jamba", "qwen3_next": "qwen3next", "mamba2": "mamba2", "nemotron_h": "nemotron_h_moe", "falcon_h1": "falcon-h1",
+GGUF_ARCH = {"mamba": "mamba", "jamba": "jamba", "qwen3_next": "qwen3next", "mamba2": "mamba2",
+             "nemotron_h": "nemotron_h_moe", "nemotron_h_dense": "nemotron_h", "falcon_h1": "falcon-h1",
              "falcon_h1_rms_norm": "falcon-h1", "lfm2": "lfm2"}
 
 
@@ -65,10 +70,7 @@ def family_gguf(tokenizer_dir, tmp_path_factory):
     def make(name, kind):
         if (name, kind) not in built:
             root = tmp_path_factory.mktemp(f"{name}-{kind}")
-            build = build_model if name in CONFIGS else build_family_model if name in FAMILY_CONFIGS else \
-                build_deltanet_model
-            overrides = {**OVERRIDES.get(name, {}), **(WIDE.get(name, {}) if kind == "Q4_K_M" else {})}
-            build(name, root / "hf", tokenizer_dir, **overrides)
+            build_tiny(name, root / "hf", tokenizer_dir, **(WIDE.get(name, {}) if kind == "Q4_K_M" else {}))
             types, file_type = FILE_TYPES[kind]
             write_family_gguf(root / "hf", root / "m.gguf", types, file_type)
             oracle = oracle_checkpoint(root / "m.gguf", root / "hf", root / "oracle")
@@ -108,8 +110,23 @@ def test_a_decode_batch_runs_the_file_as_eager_does(family_gguf):
     assert_matches(LLM(str(path), dtype="float32", enforce_eager=True), reference, "nemotron_h Q8_0 eager")
 
 
+def tiny_name(name: str) -> str:
+    return "nemotron_h" if name == "nemotron_h_dense" else name
+
+
 def tiny_architecture(name: str) -> str:
+    name = tiny_name(name)
     return (CONFIGS.get(name) or FAMILY_CONFIGS.get(name) or DELTANET_CONFIGS[name])[1]
+
+
+def build_tiny(name: str, directory, tokenizer_dir, **overrides) -> None:
+    tiny = tiny_name(name)
+    build = build_model if tiny in CONFIGS else build_family_model if tiny in FAMILY_CONFIGS else build_deltanet_model
+    build(tiny, directory, tokenizer_dir, **{**OVERRIDES.get(name, {}), **overrides})
+    if name == "nemotron_h_dense":
+        config = json.loads((directory / "config.json").read_text())
+        (directory / "config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                           if k != "num_experts_per_tok"}))
 
 
 def test_a_falcon_mamba_file_is_refused_with_the_reason(tokenizer_dir, tmp_path):
@@ -158,15 +175,17 @@ sys.argv[0] = str""")
 
 def family_layout(path):
     reader = gguf.GGUFReader(path)
-    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith(("GGUF.", "general.", "tokenizer."))}
+    skip = ("GGUF.", "general.", "tokenizer.")
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith(skip)}
     return fields, {t.name: np.asarray(t.data).tobytes() for t in reader.tensors}
 
 
 @pytest.mark.skipif(not LLAMA_CPP, reason="set LLAMA_CPP_DIR to llama.cpp's source to run its converter")
+# Not nemotron_h_dense: the converter reads the config through transformers, whose NemotronHConfig (5.x) always
+# has num_experts_per_tok, so it writes nemotron_h_moe whatever config.json says.
 @pytest.mark.parametrize("name", ["mamba", "mamba2", "nemotron_h", "falcon_h1", "lfm2", "qwen3_next", "jamba"])
 def test_llama_cpps_converter_writes_what_the_tests_write_and_runs(name, tokenizer_dir, tmp_path):
-    build = build_model if name in CONFIGS else build_family_model if name in FAMILY_CONFIGS else build_deltanet_model
-    build(name, tmp_path / "hf", tokenizer_dir, **OVERRIDES.get(name, {}))
+    build_tiny(name, tmp_path / "hf", tokenizer_dir)
     source = tmp_path / "source"
     shutil.copytree(tmp_path / "hf", source)
     config = json.loads((source / "config.json").read_text())
@@ -174,8 +193,9 @@ def test_llama_cpps_converter_writes_what_the_tests_write_and_runs(name, tokeniz
         (source / "config.json").write_text(json.dumps({**config, "head_dim": 16}))
     extra = ["--no-mtp"] if name == "qwen3_next" else []  # the tiny checkpoint has no MTP head
     for outtype in ("f32", "q8_0"):
-        result = subprocess.run([sys.executable, "-c", FAMILY_SHIM, LLAMA_CPP, str(source), "--outtype", outtype,
-                                 "--outfile", str(tmp_path / f"{outtype}.gguf"), *extra], capture_output=True, text=True)
+        command = [sys.executable, "-c", FAMILY_SHIM, LLAMA_CPP, str(source), "--outtype", outtype,
+                   "--outfile", str(tmp_path / f"{outtype}.gguf"), *extra]
+        result = subprocess.run(command, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-2000:]
     write_family_gguf(tmp_path / "hf", tmp_path / "ours.gguf", *FILE_TYPES["F32"])
     theirs, ours = family_layout(tmp_path / "f32.gguf"), family_layout(tmp_path / "ours.gguf")
