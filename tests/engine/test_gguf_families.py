@@ -35,7 +35,7 @@ OVERRIDES = {"qwen3_next": dict(mlp_only_layers=[]),
 CASES = [("mamba", "F32"), ("mamba", "Q8_0"), ("jamba", "F32"), ("jamba", "Q8_0"),
          ("qwen3_next", "F32"), ("qwen3_next", "Q8_0"), ("qwen3_next", "Q4_0"),
          ("mamba2", "F32"), ("mamba2", "Q8_0"), ("mamba2", "Q4_0"), ("mamba2", "Q4_K_M"),
-         ("nemotron_h", "F32"), ("nemotron_h", "Q8_0"), ("nemotron_h_dense", "Q8_0"),
+         ("nemotron_h", "F32"), ("nemotron_h", "BF16"), ("nemotron_h", "Q8_0"), ("nemotron_h_dense", "Q8_0"),
          ("falcon_h1", "F32"), ("falcon_h1", "Q8_0"), ("falcon_h1_rms_norm", "Q8_0"),
          ("lfm2", "F32"), ("lfm2", "Q8_0")]
 GGUF_ARCH = {"mamba": "mamba", "jamba": "jamba", "qwen3_next": "qwen3next", "mamba2": "mamba2",
@@ -57,6 +57,7 @@ def whole_file(qtype: T):
 
 
 FILE_TYPES = {"F32": (whole_file(T.F32), gguf.LlamaFileType.ALL_F32),
+              "BF16": (whole_file(T.BF16), gguf.LlamaFileType.MOSTLY_BF16),
               "Q8_0": (whole_file(T.Q8_0), gguf.LlamaFileType.MOSTLY_Q8_0),
               "Q4_0": (whole_file(T.Q4_0), gguf.LlamaFileType.MOSTLY_Q4_0),
               "Q4_K_M": (q4_k_m, gguf.LlamaFileType.MOSTLY_Q4_K_M)}
@@ -86,7 +87,7 @@ def test_family_gguf_tokens_and_logprobs_match_transformers(name, kind, family_g
     llm = LLM(str(path), dtype="float32")
     assert_matches(llm, reference, f"{name} {kind}")
     linears = [m for n, m in llm.engine.runner.model.named_modules() if ".layers." in n and isinstance(m, QuantLinear)]
-    if kind == "F32":
+    if kind in ("F32", "BF16"):
         assert not linears
     else:
         assert linears and {m.scheme for m in linears} <= {"gguf-q4_k", "gguf-q6_k", f"gguf-{kind.lower()}"}
