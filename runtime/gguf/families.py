@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from runtime.gguf.config import _common, field, required, tensor_names, tensor_shape
+from runtime.gguf.config import common_config, field, required, tensor_names, tensor_shape
 from runtime.hf_config import ConfigError
 
 def _get(path: Path, arch: str) -> Callable[..., Any]:
@@ -40,7 +40,7 @@ def _mamba2(path: Path) -> dict[str, Any]:
     names, hidden = tensor_names(path), required(path, "mamba2.embedding_length")
     m = _mamba2_mixer(path, "mamba2", names)
     expand = m["inner"] / hidden
-    return {**_common(path, "mamba2"), "architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2",
+    return {**common_config(path, "mamba2"), "architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2",
             "num_heads": m["heads"], "head_dim": m["head_dim"], "n_groups": m["groups"], "state_size": m["state"],
             "conv_kernel": m["conv"], "expand": int(expand) if expand.is_integer() else expand,
             "use_conv_bias": m["conv_bias"], "use_bias": m["proj_bias"],
@@ -80,7 +80,7 @@ def _nemotron_h(path: Path) -> dict[str, Any]:
     mlp = next((i for i, kind in enumerate(kinds) if kind == "mlp"), None)
     block_type = {"mamba": "mamba", "attention": "attention", "mlp": "mlp", "moe": "moe"}
     config = {
-        **_common(path, arch), "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+        **common_config(path, arch), "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
         "layers_block_type": [block_type[k] for k in kinds], "num_hidden_layers": len(kinds),
         "num_attention_heads": required(path, f"{arch}.attention.head_count"),
         "num_key_value_heads": _kv_heads(path, arch, kinds, "attention"),
@@ -109,7 +109,7 @@ def _falcon_h1(path: Path) -> dict[str, Any]:
     get, m = _get(path, arch), _mamba2_mixer(path, arch, names)
     hidden, heads = required(path, f"{arch}.embedding_length"), required(path, f"{arch}.attention.head_count")
     return {
-        **_common(path, arch), "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1",
+        **common_config(path, arch), "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1",
         "num_attention_heads": heads, "num_key_value_heads": get("attention.head_count_kv", heads),
         "head_dim": get("attention.key_length") or hidden // heads,
         "intermediate_size": required(path, f"{arch}.feed_forward_length"),
@@ -131,7 +131,7 @@ def _lfm2(path: Path) -> dict[str, Any]:
     kinds = ["conv" if f"blk.{i}.shortconv.in_proj.weight" in names else "full_attention"
              for i in range(required(path, f"{arch}.block_count"))]
     return {
-        **_common(path, arch), "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "layer_types": kinds,
+        **common_config(path, arch), "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "layer_types": kinds,
         "num_attention_heads": required(path, f"{arch}.attention.head_count"),
         "num_key_value_heads": _kv_heads(path, arch, kinds, "full_attention"),
         "intermediate_size": required(path, f"{arch}.feed_forward_length"), "block_auto_adjust_ff_dim": False,
@@ -148,7 +148,7 @@ def _mamba(path: Path) -> dict[str, Any]:
                           "GGUF: llama.cpp runs those norms with the layers' epsilon, not the model's own; run the "
                           "original checkpoint's directory instead")
     hidden, inner = required(path, f"{arch}.embedding_length"), required(path, f"{arch}.ssm.inner_size")
-    return {**_common(path, arch), "architectures": ["MambaForCausalLM"], "model_type": "mamba",
+    return {**common_config(path, arch), "architectures": ["MambaForCausalLM"], "model_type": "mamba",
             "intermediate_size": inner, "expand": inner // hidden,
             "state_size": required(path, f"{arch}.ssm.state_size"),
             "conv_kernel": required(path, f"{arch}.ssm.conv_kernel"),
@@ -170,7 +170,7 @@ def _qwen3next(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path.name}: qwen3next blocks with a dense MLP (mlp_only_layers) are not supported "
                           "for GGUF")
     return {
-        **_common(path, arch), "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+        **common_config(path, arch), "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
         "num_hidden_layers": layers, "layer_types": kinds, "num_attention_heads": heads,
         "num_key_value_heads": _kv_heads(path, arch, kinds, "full_attention"), "head_dim": head_dim,
         "partial_rotary_factor": (get("rope.dimension_count") or head_dim // 4) / head_dim,
@@ -209,7 +209,7 @@ def _jamba(path: Path) -> dict[str, Any]:
     mamba = next((i for i in range(layers) if i not in attention), 0)
     inner = required(path, f"{arch}.ssm.inner_size")
     return {
-        **_common(path, arch), "architectures": ["JambaForCausalLM"], "model_type": "jamba",
+        **common_config(path, arch), "architectures": ["JambaForCausalLM"], "model_type": "jamba",
         "attn_layer_period": attn_period, "attn_layer_offset": attn_offset,
         "expert_layer_period": expert_period, "expert_layer_offset": expert_offset,
         "num_attention_heads": required(path, f"{arch}.attention.head_count"),
