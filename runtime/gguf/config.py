@@ -72,7 +72,8 @@ def _dtype(path: Path) -> str:
     return {LlamaFileType.MOSTLY_BF16: "bfloat16", LlamaFileType.MOSTLY_F16: "float16"}.get(file_type, "float32")
 
 
-def _common(path: Path, arch: str) -> dict[str, Any]:
+def common_config(path: Path, arch: str) -> dict[str, Any]:
+    """The config keys every architecture reads the same way (sizes, norms epsilon, RoPE base, special tokens)."""
     get = lambda key, default=None: field(path, f"{arch}.{key}", default)  # noqa: E731
     tokens = field(path, "tokenizer.ggml.tokens") or []
     config = {
@@ -99,7 +100,7 @@ def _llama(path: Path) -> dict[str, Any]:
                           "run the original checkpoint's directory instead")
     heads = required(path, "llama.attention.head_count")
     config = {
-        **_common(path, "llama"),
+        **common_config(path, "llama"),
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "intermediate_size": required(path, "llama.feed_forward_length"),
         "num_attention_heads": heads,
@@ -127,7 +128,7 @@ def _granitehybrid(path: Path) -> dict[str, Any]:
     experts = get("expert_count", 0) or 0
     shared = get("expert_shared_feed_forward_length") or (0 if experts else get("feed_forward_length"))
     return {
-        **_common(path, arch),
+        **common_config(path, arch),
         "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
         "layer_types": kinds,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads,
@@ -159,7 +160,7 @@ def _bamba(path: Path, kinds: list[str], heads: int, kv_heads: int, ssm_heads: i
     arch, names = "granitehybrid", tensor_names(path)
     hidden = required(path, f"{arch}.embedding_length")
     return {
-        **_common(path, arch),
+        **common_config(path, arch),
         "architectures": ["BambaForCausalLM"], "model_type": "bamba",
         "attn_layer_indices": [i for i, kind in enumerate(kinds) if kind == "attention"],
         "num_attention_heads": heads, "num_key_value_heads": kv_heads,
@@ -173,17 +174,19 @@ def _bamba(path: Path, kinds: list[str], heads: int, kv_heads: int, ssm_heads: i
     }
 
 
-ARCHITECTURES: dict[str, Callable[[Path], dict[str, Any]]] = {"llama": _llama, "granitehybrid": _granitehybrid}
+def architectures() -> dict[str, Callable[[Path], dict[str, Any]]]:
+    from runtime.gguf.families import CONFIGS  # which builds on this module's readers
+    return {"llama": _llama, "granitehybrid": _granitehybrid, **CONFIGS}
 
 
 def architecture(path: Path) -> str:
     arch = field(path, "general.architecture")
-    if arch not in ARCHITECTURES:
+    if arch not in architectures():
         raise ConfigError(f"{path.name}: GGUF architecture {arch!r} is not supported; "
-                          f"Tandem loads GGUF files of {', '.join(ARCHITECTURES)}")
+                          f"Tandem loads GGUF files of {', '.join(architectures())}")
     return arch
 
 
 def raw_config(path: Path) -> dict[str, Any]:
     """The HF config.json (as a dict) of the model in a GGUF file."""
-    return ARCHITECTURES[architecture(path)](path)
+    return architectures()[architecture(path)](path)

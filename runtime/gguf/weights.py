@@ -18,6 +18,7 @@ from gguf.quants import dequantize
 
 from runtime.gguf import config as gguf_config
 from runtime.gguf.blocks import QUANT_TYPES, SUPPORTED, Quantized, concat_rows, decode, take_rows
+from runtime.gguf.layouts import LAYOUTS, Layout
 from runtime.hf_config import ConfigError
 from runtime.kernels.quant_linear import dequantize as dequantize_ours
 from runtime.layers.quantized import QuantLinear, quantizes
@@ -84,9 +85,86 @@ def _check_types(path: Path) -> None:
                               f"supported GGUF tensor types: {', '.join(t.name for t in SUPPORTED)}")
 
 
+def _expert(tensor, index: int) -> Tensor:
+    """Expert `index` of a stacked (experts, rows, in) GGUF tensor, quantized ones decoded like 2-D weights."""
+    qtype = T(tensor.tensor_type)
+    experts, rows = (int(n) for n in reversed(tensor.shape[1:]))
+    if qtype in QUANT_TYPES:
+        return decode(np.asarray(tensor.data).reshape(experts, rows, -1)[index], qtype)
+    data = np.asarray(tensor.data).reshape(experts, rows, -1)[index]
+    data = data if qtype == T.F32 else dequantize(np.ascontiguousarray(data), qtype)
+    return torch.from_numpy(np.array(data, dtype=np.float32))
+
+
+def _qkvz_rows(hf: dict) -> torch.Tensor:
+    """For each row of Qwen3-Next's in_proj_qkvz, its row in attn_qkv + attn_gate: the converter regrouped each
+    key head's [q, k, v, z] blocks into [all q, all k, all v] and [all z]."""
+    dk, dv = hf["linear_key_head_dim"], hf["linear_value_head_dim"]
+    nk, nv = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
+    widths = [dk, dk, nv // nk * dv, nv // nk * dv]
+    starts = np.cumsum([0] + [nk * w for w in widths])
+    rows = [starts[part] + head * widths[part] + torch.arange(widths[part])
+            for head in range(nk) for part in range(4)]
+    return torch.cat(rows)
+
+
+def _joined_qkvz(qkv: Tensor, gate: Tensor, hf: dict) -> Tensor:
+    joined = concat_rows([qkv, gate]) if isinstance(qkv, Quantized) and isinstance(gate, Quantized) else None
+    if joined is not None:
+        return take_rows(joined, _qkvz_rows(hf))
+    return torch.cat([_float(qkv), _float(gate)])[_qkvz_rows(hf)]
+
+
+def _family_tensors(path: Path, hf: dict, layout: Layout) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """hf_tensors for the families runtime/gguf/layouts.py lays out."""
+    arch = gguf_config.architecture(path)
+    nextn = gguf_config.field(path, f"{arch}.nextn_predict_layers", 0) or 0
+    out, sources, qkvz = {}, {}, {}
+    for name, tensor in ((t.name, t) for t in gguf_config.reader(path).tensors):
+        match = BLOCK.fullmatch(name)
+        suffix = match.group(2) if match else None
+        if match and nextn and int(match.group(1)) >= hf["num_hidden_layers"]:
+            continue  # a multi-token-prediction block, which the engine does not run
+        if match and suffix in layout.experts:
+            for e in range(int(tensor.shape[-1])):
+                hf_name = layout.layer.format(match.group(1)) + layout.experts[suffix].format(e=e)
+                out[hf_name], sources[hf_name] = _expert(tensor, e), f"{name}[{e}]"
+            continue
+        if match and layout.qkvz and suffix in ("attn_qkv.weight", "attn_gate.weight"):
+            qkvz.setdefault(match.group(1), {})[suffix] = _read(tensor)
+            continue
+        hf_name = layout.top.get(name) if match is None else (
+            layout.layer.format(match.group(1)) + layout.table[suffix] if suffix in layout.table else None)
+        if hf_name is None:
+            raise ConfigError(f"{path.name}: unexpected tensor {name} for GGUF architecture {arch!r}")
+        try:
+            value = _transform(suffix, _read(tensor), hf, path, name, layout.permuted)
+        except (RuntimeError, ValueError) as err:  # a reshape the metadata's sizes do not allow
+            raise ConfigError(f"{path.name}: tensor {name} of shape {gguf_config.tensor_shape(path, name)} does not "
+                              f"fit the metadata ({err})") from None
+        if layout.norm_offset and name.endswith("norm.weight") and suffix != "ssm_norm.weight":
+            value = _float(value) - layout.norm_offset  # stored as offset + w
+        out[hf_name], sources[hf_name] = value, name
+    for layer, parts in qkvz.items():
+        if set(parts) != {"attn_qkv.weight", "attn_gate.weight"}:
+            raise ConfigError(f"{path.name}: block {layer} holds {', '.join(parts)} without its other half "
+                              "(attn_qkv and attn_gate make the Gated DeltaNet's input projection together)")
+        hf_name = layout.layer.format(layer) + layout.qkvz
+        try:
+            out[hf_name] = _joined_qkvz(parts["attn_qkv.weight"], parts["attn_gate.weight"], hf)
+        except (IndexError, RuntimeError) as err:
+            raise ConfigError(f"{path.name}: blk.{layer}.attn_qkv/attn_gate do not fit the metadata's Gated "
+                              f"DeltaNet sizes ({err})") from None
+        sources[hf_name] = f"blk.{layer}.attn_qkv.weight + blk.{layer}.attn_gate.weight"
+    return out, sources
+
+
 def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]:
     """The file's tensors under their HF checkpoint names, in the HF layout, and the GGUF tensor(s) each came from."""
     arch = gguf_config.architecture(path)
+    if hf["model_type"] in LAYOUTS:
+        _check_types(path)
+        return _family_tensors(path, hf, LAYOUTS[hf["model_type"]])
     table, fused = {"llama": (LLAMA, {}), "bamba": (BAMBA, {}),
                     "granitemoehybrid": (GRANITE_HYBRID, GRANITE_HYBRID_FUSED)}[hf["model_type"]]
     top = {**GLOBAL, "output_norm.weight": "model.final_layernorm.weight"} if hf["model_type"] == "bamba" else GLOBAL
@@ -119,17 +197,20 @@ def hf_tensors(path: Path, hf: dict) -> tuple[dict[str, Tensor], dict[str, str]]
     return out, sources
 
 
-def _transform(suffix: str | None, value: Tensor, hf: dict, path: Path, name: str) -> Tensor:
+def _transform(suffix: str | None, value: Tensor, hf: dict, path: Path, name: str, permuted: bool = True) -> Tensor:
     """The HF layout of one tensor the converter reshaped or rewrote."""
     heads, kv_heads = hf.get("num_attention_heads"), hf.get("num_key_value_heads")
-    if suffix == "attn_q.weight":
+    if suffix == "attn_q.weight" and permuted:
         return _unpermute(value, heads)
-    if suffix == "attn_k.weight":
+    if suffix == "attn_k.weight" and permuted:
         return _unpermute(value, kv_heads)
-    if suffix in ("ssm_a", "ssm_d", "ssm_conv1d.weight", "ssm_norm.weight"):
+    if suffix in ("ssm_a", "ssm_d", "ssm_conv1d.weight", "ssm_norm.weight", "shortconv.conv.weight"):
         value = _float(value)
-    if suffix == "ssm_a":  # stored as A = -exp(A_log)
-        return torch.log(-value.reshape(-1).double()).float()
+    if suffix == "shortconv.conv.weight":  # squeezed from (channels, 1, kernel)
+        return value.unsqueeze(1)
+    if suffix == "ssm_a":  # stored as A = -exp(A_log); Mamba-2's as (heads, 1), Mamba's (inner, state) as it is
+        a_log = torch.log(-value.double()).float()
+        return a_log.reshape(-1) if a_log.dim() == 2 and a_log.shape[1] == 1 else a_log
     if suffix == "ssm_d":
         return value.reshape(-1)
     if suffix == "ssm_conv1d.weight":  # squeezed from (channels, 1, kernel)

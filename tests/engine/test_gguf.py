@@ -288,12 +288,16 @@ def test_llama_cpps_converter_writes_the_layout_the_tests_write_and_runs(name, t
 
 
 def test_every_architecture_declaring_gguf_is_proven_here():
-    """A declaration lists "gguf" exactly where a parity case above runs a GGUF file of it."""
+    """A declaration lists "gguf" exactly where a parity case (above, or test_gguf_families.py's) runs a GGUF file
+    of it."""
     from matrix.collect import declarations
+    from test_gguf_families import CASES as FAMILY_CASES
+    from test_gguf_families import tiny_architecture
+
     from runtime.models import resolve
 
     tiny = {"llama": "llama", "granitemoehybrid-dense-nope": "granitemoehybrid", "bamba": "bamba"}
-    proven = {resolve_name(tiny[name]) for name, _ in CASES}
+    proven = {resolve_name(tiny[name]) for name, _ in CASES} | {tiny_architecture(name) for name, _ in FAMILY_CASES}
     declared = {decl.architecture for decl in declarations() if "gguf" in decl.quantizations}
     assert declared == proven
     assert all("gguf" in resolve(architecture).quantizations for architecture in proven)

@@ -45,7 +45,7 @@ class FalconH1ForCausalLM(BambaForCausalLM):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.falcon_h1.model:FalconH1ForCausalLM"
-    quantizations = ("compressed-tensors",)
+    quantizations = ("compressed-tensors", "gguf")
     defaults = {**MAMBA2_HYBRID_DEFAULTS, "mamba_d_ssm": 1024}
 
     @classmethod

@@ -41,6 +41,7 @@ class JambaForCausalLM(ModelDeclaration):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=LORA_NO_EXPERTS_DT_PROJ)
     implementation = "runtime.models.jamba.model:JambaForCausalLM"
+    quantizations = ("gguf",)
     defaults = {
         "hidden_size": 4096,
         "num_hidden_layers": 32,

@@ -63,6 +63,7 @@ class Lfm2ForCausalLM(ModelDeclaration):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.lfm2.model:Lfm2ForCausalLM"
+    quantizations = ("gguf",)
     defaults = LFM2_DEFAULTS
 
     @classmethod

@@ -38,6 +38,7 @@ class Lfm2MoeForCausalLM(Lfm2ForCausalLM):
     model_name = "LFM2-MoE"
     example_models = ("LiquidAI/LFM2-8B-A1B",)
     implementation = "runtime.models.lfm2_moe.model:Lfm2MoeForCausalLM"
+    quantizations = ()  # LFM2-MoE GGUF files (architecture lfm2moe) are not mapped
     defaults = LFM2_MOE_DEFAULTS
 
     @classmethod

@@ -41,6 +41,7 @@ class MambaForCausalLM(ModelDeclaration):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=LORA_NO_DT_PROJ)
     implementation = "runtime.models.mamba.model:MambaForCausalLM"
+    quantizations = ("gguf",)
     defaults = {"hidden_size": 768, "num_hidden_layers": 32, "state_size": 16, "conv_kernel": 4, "expand": 2}
 
     @classmethod

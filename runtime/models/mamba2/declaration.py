@@ -46,6 +46,7 @@ class Mamba2ForCausalLM(ModelDeclaration):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=supported())
     implementation = "runtime.models.mamba2.model:Mamba2ForCausalLM"
+    quantizations = ("gguf",)
     defaults = {
         "hidden_size": 4096,
         "num_hidden_layers": 64,

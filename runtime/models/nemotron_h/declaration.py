@@ -79,7 +79,7 @@ class NemotronHForCausalLM(ModelDeclaration):
                                 tensor_parallel=supported(),
                                 pipeline_parallel=supported(), lora=LORA_NO_EXPERTS)
     implementation = "runtime.models.nemotron_h.model:NemotronHForCausalLM"
-    quantizations = ("compressed-tensors",)
+    quantizations = ("compressed-tensors", "gguf")
     # vLLM keeps Nemotron-H's SSM state in float32 unless told otherwise ("only float32 is known to
     # have no accuracy issues"); NVIDIA's newer configs say so with mamba_ssm_cache_dtype.
     default_ssm_dtype = "float32"

@@ -72,7 +72,7 @@ class Qwen3NextForCausalLM(ModelDeclaration):
     state_name = "gated-deltanet state"
     capabilities = GATED_DELTANET_TP_CAPABILITIES
     implementation = "runtime.models.qwen3_next.model:Qwen3NextForCausalLM"
-    quantizations = ("fp8",)
+    quantizations = ("fp8", "gguf")
     # The recurrent state follows the model dtype unless asked otherwise, as in vLLM (HF keeps it in float32:
     # --mamba-ssm-dtype float32 does the same).
     defaults = {
