@@ -8,7 +8,7 @@ from typing import Any
 
 from runtime.hf_config import ConfigError
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "mtp")
 # vLLM's defaults for prompt lookup.
 DEFAULT_LOOKUP_MIN = 1
 DEFAULT_LOOKUP_MAX = 5
@@ -23,6 +23,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = DEFAULT_LOOKUP_MAX
 
     def describe(self) -> str:
+        if self.method == "mtp":
+            return f"mtp (the checkpoint's multi-token-prediction head), {self.num_speculative_tokens} tokens per step"
         return (f"{self.method}, {self.num_speculative_tokens} tokens per step "
                 f"(n-grams of {self.prompt_lookup_min} to {self.prompt_lookup_max})")
 
@@ -59,8 +61,7 @@ def parse_speculative_config(value: Any, spelled: str, max_model_len: int) -> Sp
         raise _fail(spelled, 'a draft model ("model") is not supported yet; use {"method": "ngram", ...}')
     method = value.get("method")
     if method not in METHODS:
-        hint = " (a checkpoint's MTP heads are not supported yet)" if method == "mtp" else ""
-        raise _fail(spelled, f'unknown method {method!r}{hint}; the methods are {", ".join(METHODS)}')
+        raise _fail(spelled, f'unknown method {method!r}; the methods are {", ".join(METHODS)}')
     k = _positive(value, "num_speculative_tokens", None, spelled)
     if k >= max_model_len:
         raise _fail(spelled, f'"num_speculative_tokens" {k} leaves no room in max_model_len={max_model_len}; '

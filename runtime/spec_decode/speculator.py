@@ -65,7 +65,15 @@ class Speculator:
             room = min(room, seq.params.max_tokens - len(seq.output_token_ids) - 1)
         if room < 1:
             return []
+        return self._guess(seq, room)
+
+    def _guess(self, seq: Sequence, room: int) -> list[int]:
+        """Up to `room` drafts for a sequence that may speculate (a subclass proposes otherwise)."""
         return ngram.propose(seq.token_ids, room, self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+
+    def observe(self, batch: Batch, runner) -> None:
+        """After the forward pass, before sampling: what a proposer reads from the step (the MTP head its
+        hidden states); prompt lookup needs nothing."""
 
     # After scheduling ---------------------------------------------------------------------------
 

@@ -1,0 +1,94 @@
+"""The "mtp" method: Qwen3-Next's and Qwen3.5's multi-token-prediction head proposes, the model verifies;
+greedy tokens and logprobs equal the run without speculation (float32).
+
+transformers' models have no MTP module, so each test checkpoint gets `mtp.*` tensors written into its
+safetensors here. A random head would almost never guess right, so the head is built to guess "the
+token the target would predict from this hidden state" (fc passes the normed hidden state and drops the
+embedding, the decoder layer is a copy of one of the target's attention layers with its output
+projections scaled down to a small perturbation, the norms are identity): its first draft is then the
+last sampled token again, often right for a tiny random model that repeats itself, and wrong otherwise;
+the perturbation still flips some. The attention cache, the fc, and each norm still run on real values.
+"""
+
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny_models import build_deltanet_model
+
+from runtime import LLM, SamplingParams
+
+SPEC = {"method": "mtp", "num_speculative_tokens": 2}
+_rng = random.Random(3)
+PROMPTS = [
+    {"prompt_token_ids": [9, 40, 41, 200, 7] * 3},
+    {"prompt_token_ids": _rng.sample(range(3, 320), 12)},
+    {"prompt_token_ids": _rng.sample(range(3, 320), 20)},
+    {"prompt_token_ids": [_rng.randrange(3, 320) for _ in range(60)]},
+]
+FREE = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+# Two allowed tokens: the head's unconstrained guess is rarely one of them, so this request's drafts fail
+# and it backs off, decoding without drafts beside the others.
+FEW = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1, allowed_token_ids=[9, 40])
+PARAMS = [FREE, FREE, FEW, FREE]
+BUDGET = 24  # the 60-token prompt is prefilled in chunks beside the others' verifies
+
+
+def add_mtp_head(directory, attention_layer: int, scale: float = 0.05, seed: int = 0, echo: float = 0.0):
+    """Write `mtp.*` into the checkpoint: the head described at the top of this file."""
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    if echo:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors["model.embed_tokens.weight"] *= echo
+    generator = torch.Generator().manual_seed(seed)
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    source = f"model.layers.{attention_layer}."
+    for name, tensor in list(tensors.items()):
+        if name.startswith(source):
+            copy = tensor.clone()
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                copy *= scale
+            tensors["mtp.layers.0." + name[len(source):]] = copy
+    tensors["mtp.fc.weight"] = torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1)
+    tensors["mtp.pre_fc_norm_embedding.weight"] = 0.3 * torch.randn(hidden, generator=generator)
+    tensors["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(hidden)
+    tensors["mtp.norm.weight"] = torch.zeros(hidden)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+# name -> an attention layer of the tiny model (tests/tiny_models.py), whose MLP matches the head's, and
+# the echo: embeddings scaled by it and the LM head set to them, so that the target repeats its last token
+# some of the time (a draft holds) and not at other times (it is rejected).
+ATTENTION_LAYER = {"qwen3_next": (1, 12.0), "qwen3_5": (1, 20.0), "qwen3_5_moe": (3, 12.0)}
+
+
+@pytest.fixture(scope="module", params=list(ATTENTION_LAYER))
+def checkpoint(request, tmp_path_factory, tokenizer_dir):
+    directory = tmp_path_factory.mktemp(request.param)
+    build_deltanet_model(request.param, directory, tokenizer_dir)
+    layer, echo = ATTENTION_LAYER[request.param]
+    add_mtp_head(directory, layer, echo=echo)
+    return directory
+
+
+def assert_same(outputs, reference):
+    for got, want in zip(outputs, reference):
+        got, want = got.outputs[0], want.outputs[0]
+        assert got.token_ids == want.token_ids
+        for a, b in zip(got.logprobs, want.logprobs):
+            assert a.keys() == b.keys()
+            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+
+
+def test_greedy_equals_without_speculation(checkpoint):
+    reference = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET).generate(PROMPTS, PARAMS,
+                                                                                         use_tqdm=False)
+    llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
+    outputs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    assert_same(outputs, reference)
+    counters = llm.engine.speculator.counters
+    print(counters)
+    assert counters.num_drafts > 0
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
