@@ -21,10 +21,13 @@ token the target samples. Drafts are the head's greedy tokens (a point mass, as 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
 
+from runtime.gguf.config import gguf_path
+from runtime.options import spell
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
 from runtime.spec_decode.speculator import Speculator
@@ -51,23 +54,25 @@ class _HeadState:
 
 
 def check_mtp_config(config) -> None:
-    """What refuses "mtp" before anything loads: a model without heads, or parallelism."""
+    """What refuses "mtp" before anything loads: a model without heads, or what the head cannot run with."""
     if config.speculative is None or config.speculative.method != "mtp":
         return
-    module, _, name = config.declaration.implementation.partition(":")
-    import importlib
+    from runtime.models.qwen3_next.mtp import require_mtp_tensors
 
-    cls = getattr(importlib.import_module(module), name)
-    if not hasattr(cls, "load_mtp_head"):
-        raise ValueError(f'speculative_config: method "mtp" reads the multi-token-prediction heads of Qwen3-Next '
-                         f'and Qwen3.5 checkpoints, and {config.declaration.architecture} has none; use '
-                         f'{{"method": "ngram", ...}}')
+    method = f'{spell("speculative_config")}: method "mtp"'
+    instead = 'use {"method": "ngram", ...}'
+    module, _, name = config.declaration.implementation.partition(":")
+    if not hasattr(getattr(importlib.import_module(module), name), "load_mtp_head"):
+        raise ValueError(f"{method} reads the multi-token-prediction heads of Qwen3-Next and Qwen3.5 checkpoints, "
+                         f"and {config.declaration.architecture} has none; {instead}")
+    if gguf_path(config.model) is not None:
+        raise ValueError(f"{method} reads the head from safetensors checkpoints, not GGUF files; {instead}")
     if config.world_size > 1:
-        raise ValueError('speculative_config: method "mtp" runs on one process for now; leave '
-                         '--tensor-parallel-size and --pipeline-parallel-size at 1, or use {"method": "ngram", ...}')
+        raise ValueError(f"{method} runs on one process for now; leave --tensor-parallel-size and "
+                         f"--pipeline-parallel-size at 1, or {instead}")
     if config.checkpoint_quantization is not None:
-        raise ValueError('speculative_config: method "mtp" does not read a quantized checkpoint\'s head yet; '
-                         'use {"method": "ngram", ...}')
+        raise ValueError(f"{method} does not read a quantized checkpoint's head yet; {instead}")
+    require_mtp_tensors(config.model_dir)  # before the model loads, not after
 
 
 class MTPSpeculator(Speculator):

@@ -82,13 +82,77 @@ def assert_same(outputs, reference):
             assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
 
 
-def test_greedy_equals_without_speculation(checkpoint):
+def run_watching_steps(llm):
+    """Generate step by step; return the outputs and whether a step mixed a verify, a plain decode and a
+    prefill chunk (proposing ahead of the engine shows what its step will hold: the head's drafts are a
+    pure function of its cache, and its entries for the drafts are dropped again)."""
+    engine = llm.engine
+    ids = [engine.add_request(p, s) for p, s in zip(PROMPTS, PARAMS)]
+    done, mixed = {}, False
+    while engine.has_unfinished():
+        running = engine.scheduler.running
+        engine.speculator.propose(running)
+        drafted = any(s.spec_token_ids for s in running)
+        plain = any(not s.spec_token_ids and s.num_computed_tokens >= len(s.prompt_token_ids) for s in running)
+        prefill = any(s.num_computed_tokens < len(s.prompt_token_ids) for s in running) or engine.scheduler.waiting
+        mixed |= drafted and plain and bool(prefill)
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    return [done[i] for i in ids], mixed
+
+
+def assert_drafts_accepted_and_rejected(llm):
+    counters = llm.engine.speculator.counters
+    assert counters.num_drafts > 0
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+
+
+def assert_released(llm):
+    """Every page back in the pool, and no sequence's head cache left behind."""
+    engine = llm.engine
+    assert engine.cache.num_free_pages == engine.cache.num_pages
+    engine.speculator.propose(engine.scheduler.running)  # drops the caches of sequences no longer running
+    assert not engine.speculator._heads and not engine.speculator._rows
+
+
+def test_greedy_tokens_and_logprobs_equal_without_speculation(checkpoint):
     reference = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET).generate(PROMPTS, PARAMS,
                                                                                          use_tqdm=False)
     llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
-    outputs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    outputs, mixed = run_watching_steps(llm)
     assert_same(outputs, reference)
-    counters = llm.engine.speculator.counters
-    print(counters)
-    assert counters.num_drafts > 0
-    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    assert_drafts_accepted_and_rejected(llm)
+    assert mixed, "no step held a verify, a plain decode and a prefill chunk together"
+    assert_released(llm)
+
+
+def test_with_prefix_caching(checkpoint):
+    llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC,
+              enable_prefix_caching=True)
+    shared = random.Random(2).sample(range(3, 320), llm.engine.cache.prefix.block_size + 3)
+    prompts = [{"prompt_token_ids": shared + p["prompt_token_ids"]} for p in PROMPTS[:3]]
+    reference = LLM(checkpoint, dtype="float32").generate(prompts, PARAMS[:3], use_tqdm=False)
+    assert_same(llm.generate(prompts, PARAMS[:3], use_tqdm=False), reference)
+    again = llm.generate(prompts, PARAMS[:3], use_tqdm=False)  # the head never saw the cached positions
+    assert_same(again, reference)
+    assert all(o.num_cached_tokens > 0 for o in again)
+    assert_drafts_accepted_and_rejected(llm)
+
+
+def test_with_preemption(checkpoint):
+    from runtime.config import EngineConfig
+
+    # A pool that holds one sequence of 64 tokens and the states of a second (less a page where blocks and
+    # states share one): sequences wait, or are preempted and recomputed, which rebuilds their head caches.
+    prompts = PROMPTS[:3]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1)
+    reference = LLM(checkpoint, dtype="float32").generate(prompts, params, use_tqdm=False)
+    layout = EngineConfig(str(checkpoint), dtype="float32").cache
+    groups = layout.num_state_groups
+    pages = layout.pages_per_sequence(64) + 2 * groups - (1 if layout.block_size and groups else 0)
+    llm = LLM(checkpoint, dtype="float32", speculative_config=SPEC, max_model_len=64, num_pages=pages,
+              max_num_seqs=2)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert_same(outputs, reference)
+    assert sum(o.num_preemptions for o in outputs) > 0
+    assert llm.engine.speculator.counters.num_accepted_tokens > 0
+    assert_released(llm)

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from runtime.layers.gated_attention import ZeroCenteredRMSNorm
 from runtime.loader import checkpoint_files, read_tensors
 from runtime.models.interface import LayerKind
+from runtime.options import spell
 
 PREFIX = "mtp."
 DEDICATED_EMBEDDING = "mtp.embed_tokens.weight"  # Qwen3.5's mtp_use_dedicated_embeddings
@@ -116,14 +117,19 @@ def _mtp_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
             if name.startswith(PREFIX)}
 
 
+def require_mtp_tensors(model_dir: Path) -> None:
+    """ValueError unless the checkpoint holds `mtp.*` tensors (reads names only)."""
+    if not any(name.startswith(PREFIX) for path in checkpoint_files(model_dir) for name, _, _ in read_tensors(path)):
+        raise ValueError(f'{spell("speculative_config")}: method "mtp" needs the checkpoint\'s multi-token-prediction '
+                         f"heads (mtp.* tensors), and {model_dir} has none; use a checkpoint that has them, or "
+                         '{"method": "ngram", ...}')
+
+
 def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | None) -> Qwen3NextMTP:
     """The head of the checkpoint in `model_dir`, on the target model's device and dtype. A checkpoint
     without `mtp.*` tensors, or with other ones than the head has, raises ValueError."""
+    require_mtp_tensors(model_dir)
     tensors = _mtp_tensors(model_dir)
-    if not tensors:
-        raise ValueError(f'speculative_config: method "mtp" needs the checkpoint\'s multi-token-prediction heads '
-                         f"(mtp.* tensors), and {model_dir} has none; use a checkpoint that has them, or "
-                         f'{{"method": "ngram", ...}}')
     indices = {int(m.group(1)) for name in tensors if (m := re.match(r"mtp\.layers\.(\d+)\.", name))}
     num_layers = configured_layers or (max(indices) + 1 if indices else 0)
     if num_layers < 1:
