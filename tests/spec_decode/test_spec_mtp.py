@@ -10,7 +10,11 @@ last sampled token again, often right for a tiny random model that repeats itsel
 the perturbation still flips some. The attention cache, the fc, and each norm still run on real values.
 """
 
+import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -156,3 +160,60 @@ def test_with_preemption(checkpoint):
     assert sum(o.num_preemptions for o in outputs) > 0
     assert llm.engine.speculator.counters.num_accepted_tokens > 0
     assert_released(llm)
+
+
+def test_first_draft_reads_the_hidden_state_of_the_last_sampled_token(tmp_path, tokenizer_dir):
+    """With the perturbation off the head predicts exactly what the target predicted from the same hidden
+    state, so each first draft of a greedy request is the token the target sampled last: a head fed the
+    hidden state of another position, or the wrong next token, would not give it."""
+    build_deltanet_model("qwen3_5", tmp_path, tokenizer_dir)
+    add_mtp_head(tmp_path, ATTENTION_LAYER["qwen3_5"][0], scale=0.0)
+    llm = LLM(tmp_path, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
+    speculator, seen = llm.engine.speculator, []
+    guess = speculator._guess
+
+    def watch(seq, room):
+        drafts = guess(seq, room)
+        seen.append((seq.token_ids[-1], drafts))
+        return drafts
+
+    speculator._guess = watch
+    llm.generate(PROMPTS[:2], FREE, use_tqdm=False)
+    assert len(seen) > 5 and all(drafts and drafts[0] == last for last, drafts in seen)
+
+
+def test_head_attention_one_row_at_a_time_equals_all_at_once(checkpoint):
+    """The head's cache: positions run one by one (as drafts are) give the outputs of one causal call."""
+    from runtime.models.qwen3_next.mtp import HeadKV
+
+    llm = LLM(checkpoint, dtype="float32", speculative_config=SPEC)
+    speculator = llm.engine.speculator
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, speculator.model.config.hidden_size, generator=generator)
+    tokens, positions = torch.randint(3, 300, (7,), generator=generator), torch.arange(7)
+    with torch.inference_mode():
+        whole = speculator._run(tokens, hidden, positions, HeadKV(), 0)
+        kv = HeadKV()
+        parts = [speculator._run(tokens[:3], hidden[:3], positions[:3], kv, 0)]
+        parts += [speculator._run(tokens[i:i + 1], hidden[i:i + 1], positions[i:i + 1], kv, 0) for i in range(3, 7)]
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_checkpoint_without_heads_is_refused_in_one_line(tmp_path, tokenizer_dir):
+    build_deltanet_model("qwen3_5", tmp_path, tokenizer_dir)
+    with pytest.raises(ValueError) as err:
+        LLM(tmp_path, dtype="float32", speculative_config=SPEC)
+    assert "needs the checkpoint's multi-token-prediction heads (mtp.* tensors)" in str(err.value)
+    assert "\n" not in str(err.value)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    result = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", "--model", str(tmp_path), "--speculative-config",
+                             json.dumps(SPEC), "--max-tokens", "2", "Hi"], capture_output=True, text=True, env=env)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "--speculative-config: method \"mtp\" needs the checkpoint's" in result.stderr
+
+
+def test_an_architecture_without_heads_is_refused(tiny_checkpoint):
+    directory = tiny_checkpoint("llama")[0]
+    with pytest.raises(ValueError, match="LlamaForCausalLM has none"):
+        LLM(directory, dtype="float32", speculative_config=SPEC)
