@@ -165,7 +165,7 @@ class Engine:
         spec = config.speculative
         self.speculator = None if spec is None else Speculator(spec, config.cache.num_state_groups, self.max_model_len)
         if spec is not None and spec.method == "mtp":
-            self.speculator = MTPSpeculator(spec, config.cache.num_state_groups, self.max_model_len, config, self.runner)
+            self.speculator = MTPSpeculator(config, self.max_model_len, self.runner)
 
     def _fit_max_model_len(self) -> int:
         layout, wanted = self.config.cache, self.config.derived_max_model_len

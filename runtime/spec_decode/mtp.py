@@ -27,7 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from runtime.gguf.config import gguf_path
+from runtime.models.qwen3_next.mtp import HeadKV, require_mtp_tensors
 from runtime.options import spell
+from runtime.runner import plan_order
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
 from runtime.spec_decode.speculator import Speculator
@@ -48,7 +50,7 @@ class _Rows:
 
 @dataclass
 class _HeadState:
-    kv: list  # per MTP layer: runtime.models.qwen3_next.mtp.HeadKV (the first holds the target-fed positions)
+    kv: list[HeadKV]  # per MTP layer (the first holds the positions fed by the target's hidden states)
     end: int = 0  # the position after the last one the head has run on
     last: torch.Tensor | None = None  # the head's output at position end - 1
 
@@ -57,8 +59,6 @@ def check_mtp_config(config) -> None:
     """What refuses "mtp" before anything loads: a model without heads, or what the head cannot run with."""
     if config.speculative is None or config.speculative.method != "mtp":
         return
-    from runtime.models.qwen3_next.mtp import require_mtp_tensors
-
     method = f'{spell("speculative_config")}: method "mtp"'
     instead = 'use {"method": "ngram", ...}'
     module, _, name = config.declaration.implementation.partition(":")
@@ -76,9 +76,8 @@ def check_mtp_config(config) -> None:
 
 
 class MTPSpeculator(Speculator):
-    def __init__(self, config, num_state_groups: int, max_model_len: int, engine_config, runner):
-        super().__init__(config, num_state_groups, max_model_len)
-        self.runner = runner
+    def __init__(self, engine_config, max_model_len: int, runner):
+        super().__init__(engine_config.speculative, engine_config.cache.num_state_groups, max_model_len)
         self.model = runner.model
         configured = engine_config.hf_config.first(*LAYER_KEYS)
         self.head = self.model.load_mtp_head(engine_config.model_dir, int(configured) if configured else None)
@@ -89,8 +88,6 @@ class MTPSpeculator(Speculator):
     # After the forward pass ---------------------------------------------------------------------
 
     def observe(self, batch: Batch, runner) -> None:
-        from runtime.runner import plan_order
-
         hidden, at = runner.last_hidden, 0
         for i in plan_order(batch):
             seq, n = batch.seqs[i], batch.num_new_tokens[i]
@@ -117,8 +114,6 @@ class MTPSpeculator(Speculator):
         super().propose(running)
 
     def _catch_up(self, seq: Sequence, rows: _Rows) -> None:
-        from runtime.models.qwen3_next.mtp import HeadKV
-
         tokens = seq.token_ids
         # Rows whose input is the sequence's token there, and whose next token is known.
         usable = 0

@@ -206,8 +206,8 @@ def test_a_checkpoint_without_heads_is_refused_in_one_line(tmp_path, tokenizer_d
     assert "needs the checkpoint's multi-token-prediction heads (mtp.* tensors)" in str(err.value)
     assert "\n" not in str(err.value)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    result = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", "--model", str(tmp_path), "--speculative-config",
-                             json.dumps(SPEC), "--max-tokens", "2", "Hi"], capture_output=True, text=True, env=env)
+    args = ["generate", "--model", str(tmp_path), "--speculative-config", json.dumps(SPEC), "--max-tokens", "2", "Hi"]
+    result = subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True, env=env)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "--speculative-config: method \"mtp\" needs the checkpoint's" in result.stderr

@@ -72,7 +72,8 @@ class HeadAttention(nn.Module):
         repeat = self.num_heads // self.num_kv_heads
         keys, values = keys.repeat_interleave(repeat, dim=1), values.repeat_interleave(repeat, dim=1)
         # Row i sees every earlier entry and the new rows up to itself.
-        allowed = torch.arange(kv.length, device=q.device)[None, :] <= past + torch.arange(num_new, device=q.device)[:, None]
+        rows, columns = torch.arange(num_new, device=q.device), torch.arange(kv.length, device=q.device)
+        allowed = columns[None, :] <= past + rows[:, None]
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                              attn_mask=allowed, scale=self.scale)
         return out.transpose(0, 1).flatten(1)
@@ -87,7 +88,8 @@ class Qwen3NextMTP(nn.Module):
         # vLLM builds `layers.N` as a full-attention layer of index N: experts where the model's rule puts
         # them at that index (the MoE models: every layer's rule gives index 0 experts).
         moe = bool(dims.moe_layers) and dims.moe_layers[0]
-        layer_dims = dataclasses.replace(dims, layers=(LayerKind.ATTENTION,), moe_layers=(moe,) if dims.moe_layers else ())
+        layer_dims = dataclasses.replace(dims, layers=(LayerKind.ATTENTION,),
+                                         moe_layers=(moe,) if dims.moe_layers else ())
         self.layers = nn.ModuleList(decoder_layer(layer_dims, 0) for _ in range(num_layers))
         for layer in self.layers:
             layer.self_attn.attn = HeadAttention(dims.num_heads, dims.num_kv_heads, dims.head_dim)
