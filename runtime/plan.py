@@ -325,9 +325,10 @@ def _format_prefix_cache(p: dict[str, Any]) -> list[str]:
 
 
 def _format_speculative(p: dict[str, Any]) -> list[str]:
+    source = ("the checkpoint's MTP head, whose K/V cache is outside the page pool" if p["method"] == "mtp"
+              else f"n-grams of {p['prompt_lookup_min']}-{p['prompt_lookup_max']}")
     lines = [f"speculative    {p['method']}: {plural(p['num_speculative_tokens'], 'draft token')} per step "
-             f"(n-grams of {p['prompt_lookup_min']}-{p['prompt_lookup_max']}), verified as "
-             f"{p['verify_positions']} positions in one step"]
+             f"({source}), verified as {p['verify_positions']} positions in one step"]
     if p["checkpoint_page_ids_per_sequence"]:
         lines.append(f"  checkpoint   {plural(p['checkpoint_page_ids_per_sequence'], 'page id')} = "
                      f"{_bytes(p['checkpoint_bytes_per_sequence'])} per verifying sequence (one per state group), "
