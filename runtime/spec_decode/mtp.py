@@ -149,7 +149,7 @@ class MTPSpeculator(Speculator):
             drafts.append(token)
             if step + 1 == room:
                 break
-            position = torch.tensor([state.end - 1 + step + 1], device=device)
+            position = torch.tensor([state.end + step], device=device)  # the head last ran at end - 1
             layer = (step + 1) % len(state.kv)
             hidden = self._run(torch.tensor([token], device=device), hidden, position, state.kv[layer], step + 1)
         for kv, length in zip(state.kv, committed):
