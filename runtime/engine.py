@@ -34,6 +34,7 @@ from runtime.scheduler import Batch, Scheduler, SchedulerLimits
 from runtime.sequence import Sequence
 from runtime.spec_decode.draft import DraftProposer
 from runtime.spec_decode.rows import sample_verify_rows
+from runtime.spec_decode.mtp import MTPSpeculator, check_mtp_config
 from runtime.spec_decode.speculator import Speculator
 from runtime.stats import (
     BATCH_BUCKETS,
@@ -140,6 +141,7 @@ class Engine:
         self.config = config
         self.tokenizer = load_tokenizer(config)
         torch.manual_seed(config.seed)
+        check_mtp_config(config)
         self.runner = ModelRunner(config) if config.world_size == 1 else TensorParallelRunner(config)
         self.cache = CacheManager(config.cache, self.runner.num_pages, prefix=make_prefix_cache(config))
         self.max_model_len = self._fit_max_model_len()
@@ -165,6 +167,8 @@ class Engine:
         drafter = DraftProposer(config, self.tokenizer) if spec is not None and spec.model is not None else None
         self.speculator = None if spec is None else Speculator(spec, config.cache.num_state_groups, self.max_model_len,
                                                                drafter)
+        if spec is not None and spec.method == "mtp":
+            self.speculator = MTPSpeculator(config, self.max_model_len, self.runner)
 
     def _fit_max_model_len(self) -> int:
         layout, wanted = self.config.cache, self.config.derived_max_model_len
@@ -312,6 +316,8 @@ class Engine:
             self._copy_pages()  # drafted sequences' states, in case a draft is rejected
         self.counters.batch_size.observe(len(batch.seqs))
         seqs, logits, prompt_logits = self.runner.run(batch)
+        if self.speculator is not None:
+            self.speculator.observe(batch, self.runner)
         verified = self._verify(batch, seqs, logits)
         self.scheduler.update(batch)
         self._copy_pages()  # rejected drafts' states restored; states snapshotted at block boundaries

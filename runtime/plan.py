@@ -349,10 +349,14 @@ def _format_prefix_cache(p: dict[str, Any]) -> list[str]:
 
 def _format_speculative(p: dict[str, Any]) -> list[str]:
     draft = p.get("draft")
-    source = (f"(n-grams of {p['prompt_lookup_min']}-{p['prompt_lookup_max']})" if draft is None else
-              f"(the argmax of draft model {draft['model']}, {draft['architecture']})")
+    if draft is not None:
+        source = f"the argmax of draft model {draft['model']}, {draft['architecture']}"
+    elif p["method"] == "mtp":
+        source = "the checkpoint's MTP head, whose K/V cache is outside the page pool"
+    else:
+        source = f"n-grams of {p['prompt_lookup_min']}-{p['prompt_lookup_max']}"
     lines = [f"speculative    {p['method']}: {plural(p['num_speculative_tokens'], 'draft token')} per step "
-             f"{source}, verified as {p['verify_positions']} positions in one step"]
+             f"({source}), verified as {p['verify_positions']} positions in one step"]
     if p["checkpoint_page_ids_per_sequence"]:
         lines.append(f"  checkpoint   {plural(p['checkpoint_page_ids_per_sequence'], 'page id')} = "
                      f"{_bytes(p['checkpoint_bytes_per_sequence'])} per verifying sequence (one per state group), "

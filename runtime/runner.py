@@ -104,7 +104,10 @@ class ModelRunner:
         self.pool = self._allocate_pool(self.num_pages)
         # Mamba-1 has no chunked scan; its prefill metadata still wants a chunk length.
         self.chunk_size = config.declaration.mamba_chunk_size(config.hf_config) or MAMBA1_CHUNK
-        self.graphs = DecodeGraphs(self) if self._captures_decodes() else None
+        # The MTP head reads every row's final hidden state, which a captured decode step does not keep.
+        self.keeps_hidden = config.speculative is not None and config.speculative.method == "mtp"
+        self.last_hidden: torch.Tensor | None = None
+        self.graphs = DecodeGraphs(self) if self._captures_decodes() and not self.keeps_hidden else None
         logger.info("page pool: %d pages of %d B x %d layers (%.1f MiB)", self.num_pages,
                     self.layout.page_size_bytes, self.layout.group_size, self.pool.numel() / 2**20)
 
@@ -195,6 +198,8 @@ class ModelRunner:
         step = self.inputs(plan, [])
         with forward_context(step.context):
             hidden = self.model(step.input_ids, step.positions)
+        if self.keeps_hidden:  # every row's final hidden state, for the MTP head (runtime/spec_decode/mtp.py)
+            self.last_hidden = hidden
         rows = [step.logits_indices] + [torch.arange(row, row + n, device=self.device)
                                         for _, row, n in plan.prompt_rows]
         return self.model.compute_logits(hidden[torch.cat(rows)])
@@ -268,11 +273,16 @@ class StepPlan:
     greedy_ids: bool = False
 
 
+def plan_order(batch: Batch) -> list[int]:
+    """The indices of `batch.seqs` in the order a step's plan packs their rows (before the step changes them)."""
+    return sorted(range(len(batch.seqs)), key=lambda i: _kind(batch.seqs[i], batch.num_new_tokens[i]))
+
+
 def plan_step(batch: Batch, num_attention_groups: int,
               num_state_groups: int) -> tuple[StepPlan, list[Sequence], list[Sequence]]:
     """The step's plan, the sequences whose next token it produces (in logits order), and the sequence
     of each of the plan's prompt rows."""
-    order = sorted(range(len(batch.seqs)), key=lambda i: _kind(batch.seqs[i], batch.num_new_tokens[i]))
+    order = plan_order(batch)
     seqs = [batch.seqs[i] for i in order]
     counts = [batch.num_new_tokens[i] for i in order]
     starts = [seq.num_computed_tokens for seq in seqs]

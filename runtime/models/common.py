@@ -11,7 +11,7 @@ NO_PREFIX_CACHING = planned("Prefix caching is not implemented; the block-size r
 NO_CUDA_GRAPHS = planned("CUDA graph capture is not implemented: decode runs eagerly on a GPU. CPU decode steps are "
                          "captured and replayed where every op can be (enforce_eager turns that off).")
 NO_MTP = partial("n-gram (prompt lookup) and draft model drafts, verified exactly for every layer kind; MTP heads "
-                 "are planned.")
+                 "are Qwen3-Next's and Qwen3.5's alone.")
 
 
 def capabilities(engine: Support = NOT_ON_ENGINE, **overrides: Support) -> Capabilities:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 from runtime.hf_config import ConfigError, architecture_of, load_raw_config
 from runtime.models import resolve
 
 # "draft_model" is vLLM's name for the method a "model" key picks: a smaller model with the same tokenizer.
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "mtp")
 # vLLM's defaults for prompt lookup.
 DEFAULT_LOOKUP_MIN = 1
 DEFAULT_LOOKUP_MAX = 5
@@ -30,6 +29,8 @@ class SpeculativeConfig:
     def describe(self) -> str:
         if self.model is not None:
             return f"draft model {self.model}, {self.num_speculative_tokens} tokens per step"
+        if self.method == "mtp":
+            return f"mtp (the checkpoint's multi-token-prediction head), {self.num_speculative_tokens} tokens per step"
         return (f"{self.method}, {self.num_speculative_tokens} tokens per step "
                 f"(n-grams of {self.prompt_lookup_min} to {self.prompt_lookup_max})")
 
@@ -88,8 +89,7 @@ def parse_speculative_config(value: Any, spelled: str, max_model_len: int,
     if (method == "draft_model") != ("model" in value):
         raise _fail(spelled, '"model" (a draft model\'s directory) goes with method "draft_model" alone')
     if method not in METHODS:
-        hint = " (a checkpoint's MTP heads are not supported yet)" if method == "mtp" else ""
-        raise _fail(spelled, f'unknown method {method!r}{hint}; the methods are {", ".join(METHODS)}')
+        raise _fail(spelled, f'unknown method {method!r}; the methods are {", ".join(METHODS)}')
     k = _positive(value, "num_speculative_tokens", None, spelled)
     if k >= max_model_len:
         raise _fail(spelled, f'"num_speculative_tokens" {k} leaves no room in max_model_len={max_model_len}; '

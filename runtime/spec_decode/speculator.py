@@ -58,8 +58,11 @@ class Speculator:
                 seq.spec_token_ids = drafts
             return
         for seq, room in zip(running, rooms):
-            seq.spec_token_ids = ngram.propose(seq.token_ids, room, self.config.prompt_lookup_min,
-                                               self.config.prompt_lookup_max) if room else []
+            seq.spec_token_ids = self._guess(seq, room) if room else []
+
+    def _guess(self, seq: Sequence, room: int) -> list[int]:
+        """Up to `room` drafts for a sequence that may speculate (a subclass proposes otherwise)."""
+        return ngram.propose(seq.token_ids, room, self.config.prompt_lookup_min, self.config.prompt_lookup_max)
 
     def _room(self, seq: Sequence) -> int:
         """How many drafts `seq` may have this step (0: none)."""
@@ -74,6 +77,10 @@ class Speculator:
         if seq.params.max_tokens is not None:  # the last sampled token comes on top of the drafts
             room = min(room, seq.params.max_tokens - len(seq.output_token_ids) - 1)
         return max(0, room)
+
+    def observe(self, batch: Batch, runner) -> None:
+        """After the forward pass, before sampling: what a proposer reads from the step (the MTP head its
+        hidden states); prompt lookup needs nothing."""
 
     # After scheduling ---------------------------------------------------------------------------
 

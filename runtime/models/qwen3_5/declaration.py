@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.models.qwen3_next.declaration import GATED_DELTANET_TP_CAPABILITIES, Qwen3NextForCausalLM
+from runtime.models.qwen3_next.declaration import QWEN_MTP_CAPABILITIES, Qwen3NextForCausalLM
 
 # transformers' Qwen3_5TextConfig defaults for the fields the declaration reads.
 QWEN3_5_DEFAULTS = {
@@ -22,7 +22,7 @@ class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
     architecture = "Qwen3_5ForCausalLM"
     model_name = "Qwen3.5"
     example_models = ("Qwen/Qwen3.5-27B",)
-    capabilities = GATED_DELTANET_TP_CAPABILITIES
+    capabilities = QWEN_MTP_CAPABILITIES
     implementation = "runtime.models.qwen3_5.model:Qwen3_5ForCausalLM"
     quantizations = ("fp8",)
     defaults = QWEN3_5_DEFAULTS

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.models.qwen3_next.declaration import GATED_DELTANET_TP_CAPABILITIES, Qwen3NextForCausalLM
+from runtime.models.qwen3_next.declaration import QWEN_MTP_CAPABILITIES, Qwen3NextForCausalLM
 
 # transformers' Qwen3_5MoeTextConfig defaults for the fields the declaration reads.
 QWEN3_5_MOE_DEFAULTS = {
@@ -23,7 +23,7 @@ class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
     architecture = "Qwen3_5MoeForCausalLM"
     model_name = "Qwen3.5-MoE"
     example_models = ("Qwen/Qwen3.5-35B-A3B",)
-    capabilities = GATED_DELTANET_TP_CAPABILITIES
+    capabilities = QWEN_MTP_CAPABILITIES
     implementation = "runtime.models.qwen3_5_moe.model:Qwen3_5MoeForCausalLM"
     quantizations = ("fp8",)
     defaults = QWEN3_5_MOE_DEFAULTS

@@ -6,7 +6,7 @@ from runtime.hf_config import ConfigError, HFConfig
 from runtime.models.common import ON_ENGINE, capabilities
 from runtime.models.dims import RopeDims, read_rope
 from runtime.models.granitemoehybrid.declaration import layers_from_types
-from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, supported
+from runtime.models.interface import AttentionShape, LayerKind, ModelDeclaration, partial, supported
 from runtime.models.shapes import attention_shape, divisors
 
 LAYER_TYPES = {"linear_attention": LayerKind.GATED_DELTANET, "full_attention": LayerKind.ATTENTION}
@@ -51,6 +51,12 @@ class Qwen3NextDims:
 GATED_DELTANET_TP_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                               tensor_parallel=supported(),
                                               pipeline_parallel=supported(), lora=supported())
+# Qwen3-Next and Qwen3.5 checkpoints carry a multi-token-prediction head (`mtp.*`): the "mtp" method.
+QWEN_MTP_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
+                                     tensor_parallel=supported(), pipeline_parallel=supported(), lora=supported(),
+                                     speculative_decoding=partial(
+                                         "n-gram (prompt lookup), draft model and the checkpoint's MTP head (`mtp.*`, "
+                                         "one process) drafts, verified exactly for every layer kind."))
 
 
 def moe_layers(cfg: HFConfig, num_layers: int) -> tuple[bool, ...]:
@@ -70,7 +76,7 @@ class Qwen3NextForCausalLM(ModelDeclaration):
     example_models = ("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking")
     layer_kinds = frozenset({LayerKind.ATTENTION, LayerKind.GATED_DELTANET})
     state_name = "gated-deltanet state"
-    capabilities = GATED_DELTANET_TP_CAPABILITIES
+    capabilities = QWEN_MTP_CAPABILITIES
     implementation = "runtime.models.qwen3_next.model:Qwen3NextForCausalLM"
     quantizations = ("fp8", "gguf")
     # The recurrent state follows the model dtype unless asked otherwise, as in vLLM (HF keeps it in float32:

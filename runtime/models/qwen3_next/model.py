@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -97,8 +99,14 @@ class Qwen3NextForCausalLM(CausalLM):
     def input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
 
+    def load_mtp_head(self, model_dir: Path, configured_layers: int | None) -> nn.Module:
+        """The checkpoint's multi-token-prediction head, for speculative decoding (runtime/spec_decode/mtp.py)."""
+        from runtime.models.qwen3_next.mtp import load_mtp_head
+
+        return load_mtp_head(self, model_dir, configured_layers)
+
     def checkpoint_name(self, name: str) -> str | None:
-        # The multi-token-prediction head (`mtp.*`) is for speculative decoding, which HF skips too.
+        # The multi-token-prediction head (`mtp.*`) is loaded by load_mtp_head only when it speculates (HF skips it).
         if name.startswith("mtp."):
             return None
         return super().checkpoint_name(name)

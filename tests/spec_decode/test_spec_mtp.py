@@ -1,0 +1,229 @@
+"""The "mtp" method: Qwen3-Next's and Qwen3.5's multi-token-prediction head proposes, the model verifies;
+greedy tokens and logprobs equal the run without speculation (float32).
+
+transformers' models have no MTP module, so each test checkpoint gets `mtp.*` tensors written into its
+safetensors here. A random head would almost never guess right, so the head is built to guess "the
+token the target would predict from this hidden state" (fc passes the normed hidden state and drops the
+embedding, the decoder layer is a copy of one of the target's attention layers with its output
+projections scaled down to a small perturbation, the norms are identity): its first draft is then the
+last sampled token again, often right for a tiny random model that repeats itself, and wrong otherwise;
+the perturbation still flips some. The attention cache, the fc, and each norm still run on real values.
+"""
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny_models import build_deltanet_model
+
+from runtime import LLM, SamplingParams
+from runtime.cli import main
+
+SPEC = {"method": "mtp", "num_speculative_tokens": 2}
+_rng = random.Random(3)
+PROMPTS = [
+    {"prompt_token_ids": [9, 40, 41, 200, 7] * 3},
+    {"prompt_token_ids": _rng.sample(range(3, 320), 12)},
+    {"prompt_token_ids": _rng.sample(range(3, 320), 20)},
+    {"prompt_token_ids": [_rng.randrange(3, 320) for _ in range(60)]},
+]
+FREE = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+# Two allowed tokens: the head's unconstrained guess is rarely one of them, so this request's drafts fail
+# and it backs off, decoding without drafts beside the others.
+FEW = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1, allowed_token_ids=[9, 40])
+PARAMS = [FREE, FREE, FEW, FREE]
+BUDGET = 24  # the 60-token prompt is prefilled in chunks beside the others' verifies
+
+
+def add_mtp_head(directory, attention_layer: int, scale: float = 0.05, seed: int = 0, echo: float = 0.0):
+    """Write `mtp.*` into the checkpoint: the head described at the top of this file."""
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    if echo:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors["model.embed_tokens.weight"] *= echo
+    generator = torch.Generator().manual_seed(seed)
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    source = f"model.layers.{attention_layer}."
+    for name, tensor in list(tensors.items()):
+        if name.startswith(source):
+            copy = tensor.clone()
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                copy *= scale
+            tensors["mtp.layers.0." + name[len(source):]] = copy
+    tensors["mtp.fc.weight"] = torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1)
+    tensors["mtp.pre_fc_norm_embedding.weight"] = 0.3 * torch.randn(hidden, generator=generator)
+    tensors["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(hidden)
+    tensors["mtp.norm.weight"] = torch.zeros(hidden)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+# name -> an attention layer of the tiny model (tests/tiny_models.py), whose MLP matches the head's, and
+# the echo: embeddings scaled by it and the LM head set to them, so that the target repeats its last token
+# some of the time (a draft holds) and not at other times (it is rejected).
+ATTENTION_LAYER = {"qwen3_next": (1, 12.0), "qwen3_5": (1, 20.0), "qwen3_5_moe": (3, 12.0)}
+
+
+@pytest.fixture(scope="module", params=list(ATTENTION_LAYER))
+def checkpoint(request, tmp_path_factory, tokenizer_dir):
+    directory = tmp_path_factory.mktemp(request.param)
+    build_deltanet_model(request.param, directory, tokenizer_dir)
+    layer, echo = ATTENTION_LAYER[request.param]
+    add_mtp_head(directory, layer, echo=echo)
+    return directory
+
+
+def assert_same(outputs, reference):
+    for got, want in zip(outputs, reference):
+        got, want = got.outputs[0], want.outputs[0]
+        assert got.token_ids == want.token_ids
+        for a, b in zip(got.logprobs, want.logprobs):
+            assert a.keys() == b.keys()
+            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+
+
+def run_watching_steps(llm):
+    """Generate step by step; return the outputs and whether a step mixed a verify, a plain decode and a
+    prefill chunk (proposing ahead of the engine shows what its step will hold: the head's drafts are a
+    pure function of its cache, and its entries for the drafts are dropped again)."""
+    engine = llm.engine
+    ids = [engine.add_request(p, s) for p, s in zip(PROMPTS, PARAMS)]
+    done, mixed = {}, False
+    while engine.has_unfinished():
+        running = engine.scheduler.running
+        engine.speculator.propose(running)
+        drafted = any(s.spec_token_ids for s in running)
+        plain = any(not s.spec_token_ids and s.num_computed_tokens >= len(s.prompt_token_ids) for s in running)
+        prefill = any(s.num_computed_tokens < len(s.prompt_token_ids) for s in running) or engine.scheduler.waiting
+        mixed |= drafted and plain and bool(prefill)
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    return [done[i] for i in ids], mixed
+
+
+def assert_drafts_accepted_and_rejected(llm):
+    counters = llm.engine.speculator.counters
+    assert counters.num_drafts > 0
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+
+
+def assert_released(llm):
+    """Every page back in the pool, and no sequence's head cache left behind."""
+    engine = llm.engine
+    assert engine.cache.num_free_pages == engine.cache.num_pages
+    engine.speculator.propose(engine.scheduler.running)  # drops the caches of sequences no longer running
+    assert not engine.speculator._heads and not engine.speculator._rows
+
+
+def test_greedy_tokens_and_logprobs_equal_without_speculation(checkpoint):
+    reference = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET).generate(PROMPTS, PARAMS,
+                                                                                         use_tqdm=False)
+    llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
+    outputs, mixed = run_watching_steps(llm)
+    assert_same(outputs, reference)
+    assert_drafts_accepted_and_rejected(llm)
+    assert mixed, "no step held a verify, a plain decode and a prefill chunk together"
+    assert_released(llm)
+
+
+def test_with_prefix_caching(checkpoint):
+    llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC,
+              enable_prefix_caching=True)
+    shared = random.Random(2).sample(range(3, 320), llm.engine.cache.prefix.block_size + 3)
+    prompts = [{"prompt_token_ids": shared + p["prompt_token_ids"]} for p in PROMPTS[:3]]
+    reference = LLM(checkpoint, dtype="float32").generate(prompts, PARAMS[:3], use_tqdm=False)
+    assert_same(llm.generate(prompts, PARAMS[:3], use_tqdm=False), reference)
+    again = llm.generate(prompts, PARAMS[:3], use_tqdm=False)  # the head never saw the cached positions
+    assert_same(again, reference)
+    assert all(o.num_cached_tokens > 0 for o in again)
+    assert_drafts_accepted_and_rejected(llm)
+
+
+def test_with_preemption(checkpoint):
+    from runtime.config import EngineConfig
+
+    # A pool that holds one sequence of 64 tokens and the states of a second (less a page where blocks and
+    # states share one): sequences wait, or are preempted and recomputed, which rebuilds their head caches.
+    prompts = PROMPTS[:3]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1)
+    reference = LLM(checkpoint, dtype="float32").generate(prompts, params, use_tqdm=False)
+    layout = EngineConfig(str(checkpoint), dtype="float32").cache
+    groups = layout.num_state_groups
+    pages = layout.pages_per_sequence(64) + 2 * groups - (1 if layout.block_size and groups else 0)
+    llm = LLM(checkpoint, dtype="float32", speculative_config=SPEC, max_model_len=64, num_pages=pages,
+              max_num_seqs=2)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert_same(outputs, reference)
+    assert sum(o.num_preemptions for o in outputs) > 0
+    assert llm.engine.speculator.counters.num_accepted_tokens > 0
+    assert_released(llm)
+
+
+def test_first_draft_reads_the_hidden_state_of_the_last_sampled_token(tmp_path, tokenizer_dir):
+    """With the perturbation off the head predicts exactly what the target predicted from the same hidden
+    state, so each first draft of a greedy request is the token the target sampled last: a head fed the
+    hidden state of another position, or the wrong next token, would not give it."""
+    build_deltanet_model("qwen3_5", tmp_path, tokenizer_dir)
+    add_mtp_head(tmp_path, ATTENTION_LAYER["qwen3_5"][0], scale=0.0)
+    llm = LLM(tmp_path, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
+    speculator, seen = llm.engine.speculator, []
+    guess = speculator._guess
+
+    def watch(seq, room):
+        drafts = guess(seq, room)
+        seen.append((seq.token_ids[-1], drafts))
+        return drafts
+
+    speculator._guess = watch
+    llm.generate(PROMPTS[:2], FREE, use_tqdm=False)
+    assert len(seen) > 5 and all(drafts and drafts[0] == last for last, drafts in seen)
+
+
+def test_head_attention_one_row_at_a_time_equals_all_at_once(checkpoint):
+    """The head's cache: positions run one by one (as drafts are) give the outputs of one causal call."""
+    from runtime.models.qwen3_next.mtp import HeadKV
+
+    llm = LLM(checkpoint, dtype="float32", speculative_config=SPEC)
+    speculator = llm.engine.speculator
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, speculator.model.config.hidden_size, generator=generator)
+    tokens, positions = torch.randint(3, 300, (7,), generator=generator), torch.arange(7)
+    with torch.inference_mode():
+        whole = speculator._run(tokens, hidden, positions, HeadKV(), 0)
+        kv = HeadKV()
+        parts = [speculator._run(tokens[:3], hidden[:3], positions[:3], kv, 0)]
+        parts += [speculator._run(tokens[i:i + 1], hidden[i:i + 1], positions[i:i + 1], kv, 0) for i in range(3, 7)]
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_checkpoint_without_heads_is_refused_in_one_line(tmp_path, tokenizer_dir, capsys):
+    build_deltanet_model("qwen3_5", tmp_path, tokenizer_dir)
+    with pytest.raises(ValueError) as err:
+        LLM(tmp_path, dtype="float32", speculative_config=SPEC)
+    assert "needs the checkpoint's multi-token-prediction heads (mtp.* tensors)" in str(err.value)
+    assert "\n" not in str(err.value)
+    capsys.readouterr()
+    args = ["generate", "--model", str(tmp_path), "--speculative-config", json.dumps(SPEC), "--max-tokens", "2", "Hi"]
+    assert main(args) == 2
+    stderr = capsys.readouterr().err
+    assert len(stderr.strip().splitlines()) == 1
+    assert "--speculative-config: method \"mtp\" needs the checkpoint's" in stderr
+
+
+def test_an_architecture_without_heads_is_refused(tiny_checkpoint):
+    directory = tiny_checkpoint("llama")[0]
+    with pytest.raises(ValueError, match="LlamaForCausalLM has none"):
+        LLM(directory, dtype="float32", speculative_config=SPEC)
+
+
+def test_seeded_sampling_reproduces(checkpoint):
+    """At temperature 1 the head's greedy drafts are a point mass, sampled rows are plain decodes' (see
+    verify.py): two engines with the same seeds give the same tokens, drafts verified on the way."""
+    params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=5 + i) for i in range(3)]
+    runs = []
+    for _ in range(2):
+        llm = LLM(checkpoint, dtype="float32", speculative_config=SPEC)
+        runs.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)])
+        assert llm.engine.speculator.counters.num_draft_tokens > 0
+    assert runs[0] == runs[1]
