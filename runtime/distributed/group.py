@@ -15,6 +15,7 @@ import atexit
 import ctypes
 import logging
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -55,13 +56,38 @@ class Group:
         self.control = dist.new_group(backend="gloo") if backend != "gloo" else None
         self.busy = False  # inside a message's collectives: a stop message then could not pair up
         self._ids = 0
+        self._posted: list[Any] = []  # (work, tensor) of messages still on their way (see `post`)
 
     def next_id(self) -> int:
         self._ids += 1
         return self._ids
 
     def send(self, message: tuple) -> None:
-        dist.broadcast_object_list([message], src=0, group=self.control)
+        self.post(message)
+        self.flush()
+
+    def post(self, message: tuple) -> None:
+        """Send `message` to every worker without waiting for them to take it: gloo's broadcast returns only
+        once every rank joins it, and a pipeline stage busy with an earlier micro-batch joins late."""
+        data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
+        size = torch.tensor([len(data)], dtype=torch.long)
+        self._posted = [(w, t) for w, t in self._posted if not w.is_completed()]
+        for tensor in (size, data):  # the work keeps its tensor; so does this list, to be sure
+            self._posted.append((dist.broadcast(tensor, src=0, group=self.control, async_op=True), tensor))
+
+    def flush(self) -> None:
+        """Wait until every worker took every posted message."""
+        posted, self._posted = self._posted, []
+        for work, _ in posted:
+            work.wait()
+
+    def receive(self) -> Any:
+        """A worker's next message from rank 0 (`post`)."""
+        size = torch.empty(1, dtype=torch.long)
+        dist.broadcast(size, src=0, group=self.control)
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(data, src=0, group=self.control)
+        return pickle.loads(data.numpy().tobytes())
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` (rank 0's first)."""
