@@ -23,11 +23,13 @@ is the bubble. Figures: docs/features/pipeline_parallel.md.
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
@@ -81,11 +83,8 @@ def projection(batch: int) -> list[str]:
     return lines
 
 
-def measure(args) -> list[str]:
+def build(args) -> Path:
     from tiny_models import build_model, build_tokenizer
-
-    from runtime import LLM, SamplingParams
-    from runtime.distributed import state
 
     work = Path(tempfile.mkdtemp(prefix="tandem-pipeline-"))
     build_tokenizer(work / "tok")
@@ -94,32 +93,70 @@ def measure(args) -> list[str]:
                 intermediate_size=2 * args.hidden_size, mamba_n_heads=2 * args.hidden_size // 64, mamba_d_head=64,
                 num_attention_heads=heads, num_key_value_heads=max(2, heads // 4),
                 attn_layer_indices=[args.layers // 2])
-    llm = LLM(work / "model", dtype="float32", pipeline_parallel_size=2, max_model_len=512)
-    engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=args.steps + 2, ignore_eos=True)
-    for i in range(args.batch):
-        engine.add_request({"prompt_token_ids": [5 + i, 17, 42, 9]}, params)
-    engine.step()  # the prefills
+    return work / "model"
+
+
+@dataclass
+class Timing:
+    """Rank 0 over the measured decode steps: seconds, seconds waiting for the last stage, tokens generated,
+    and the first landed step's sends and receives."""
+
+    seconds: float
+    waiting: float
+    tokens: int
+    first: Any
+
+    def per_batch(self, seconds: float, batch: int) -> float:
+        """`seconds` per step of the whole batch (a token for every sequence)."""
+        return seconds * batch / self.tokens
+
+
+def time_decode(model: Path, args, depth: int) -> Timing:
+    """Decode `args.batch` sequences at PP=2 with `depth` micro-batches in flight (1: one step at a time)."""
+    from runtime import LLM, SamplingParams
+    from runtime.distributed import state
+
+    engine = LLM(model, dtype="float32", pipeline_parallel_size=2, max_model_len=512).engine
+    engine.microbatches.depth = depth
+    params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    seqs = [engine.add_request({"prompt_token_ids": [5 + i, 17, 42, 9]}, params) for i in range(args.batch)]
+    while any(not engine._seqs[i].output_token_ids for i in seqs):  # the prefills, then one decode of each
+        engine.step()
+    for _ in range(depth):
+        engine.step()
+    tokens = engine.counters.generated_tokens
     steps = []
-    for _ in range(args.steps):
+    start = time.perf_counter()
+    for _ in range(args.steps * depth):  # each step lands one micro-batch
         with state.record() as stats:
-            start = time.perf_counter()
             engine.step()
-            steps.append((stats, time.perf_counter() - start))
+        steps.append(stats)
+    seconds = time.perf_counter() - start
+    tokens = engine.counters.generated_tokens - tokens
     engine.shutdown()
-    stats = steps[0][0]
-    step = statistics.mean(t for _, t in steps)
-    wait = statistics.mean(s.seconds.get("recv", 0.0) for s, _ in steps)
-    send = statistics.mean(s.seconds.get("send", 0.0) for s, _ in steps)
-    return [
-        f"PP=2 over gloo on this machine, hidden {args.hidden_size}, {args.layers} layers, batch {args.batch}, "
-        f"float32; rank 0 per decode step (mean of {len(steps)}):",
-        f"  sends    {stats.counts.get('send', 0)} ({stats.bytes.get('send', 0) / 1024:.1f} KiB, the hidden states), "
-        f"{send * 1e3:.2f} ms",
-        f"  receives {stats.counts.get('recv', 0)} ({stats.bytes.get('recv', 0)} B, the greedy token ids), "
-        f"{wait * 1e3:.2f} ms waiting for stage 1",
-        f"  step {step * 1e3:.2f} ms: rank 0 idle {wait * 1e3:.2f} ms, the bubble is {wait / step:.0%} of the step",
+    return Timing(seconds, sum(s.seconds.get("recv", 0.0) for s in steps), tokens, steps[0])
+
+
+def measure(args) -> list[str]:
+    model = build(args)
+    load = os.getloadavg()
+    one = time_decode(model, args, depth=1)
+    two = time_decode(model, args, depth=2)
+    after = os.getloadavg()
+    stats = one.first
+    lines = [
+        f"PP=2 over gloo on this machine ({os.cpu_count()} CPUs, load average {load[0]:.1f} before and "
+        f"{after[0]:.1f} after), hidden {args.hidden_size}, {args.layers} layers, batch {args.batch}, float32; "
+        f"rank 0 per decode step of the batch (over {args.steps} of them):",
+        f"  sends    {stats.counts.get('send', 0)} ({stats.bytes.get('send', 0) / 1024:.1f} KiB, the hidden states)",
+        f"  receives {stats.counts.get('recv', 0)} ({stats.bytes.get('recv', 0)} B, the greedy token ids)",
     ]
+    for label, timing in (("one step at a time", one), ("2 micro-batches in flight", two)):
+        step, wait = timing.per_batch(timing.seconds, args.batch), timing.per_batch(timing.waiting, args.batch)
+        lines.append(f"  {label:26s} step {step * 1e3:.2f} ms ({args.batch / step:.0f} tokens/s): rank 0 waits "
+                     f"{wait * 1e3:.2f} ms for stage 1, the bubble is {timing.waiting / timing.seconds:.0%} of the "
+                     "step")
+    return lines
 
 
 def main() -> None:
