@@ -294,7 +294,8 @@ class Engine:
     # The step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, sample; return outputs of finished and streaming requests.
+        """Schedule, run the model once, sample; return outputs of finished and streaming requests. (Pipeline
+        stages: start micro-batches until enough are in flight, and land the oldest.)
 
         An error in one request's sampling or post-processing ends that request alone, with finish
         reason "error"; the others in the step go on as if it had not been there. An error in the

@@ -1,12 +1,20 @@
 """Micro-batches in flight through the stages (runtime/distributed/microbatch.py): at PP=2 rank 0 keeps two
 steps in flight, on disjoint halves of the sequences, and the tokens equal one device's; one step at a time
 (depth 1) gives the same tokens; a request aborted while its step is in flight is dropped when the step lands,
-its pages already serving another request. (test_pp_parity.py and test_pp_tp_parity.py run every
+its pages already serving another request; a stage that dies with a micro-batch in flight ends the engine
+with an error naming it. (test_pp_parity.py and test_pp_tp_parity.py run every
 architecture with micro-batches in flight, batching, chunking and preempting.)"""
+
+import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 from pp_helpers import GREEDY, LAST_RUN, MAX_MODEL_LEN, PROMPTS, STEP_TOKENS, checkpoint, \
     one_device_run_that_preempts, run  # noqa: F401 (checkpoint is a fixture)
+from test_tp_serve import gone
+from tp_helpers import alive, my_descendants
 
 from runtime import LLM, SamplingParams
 from runtime.distributed import group
@@ -95,3 +103,26 @@ def test_a_request_aborted_in_flight_is_dropped_when_its_step_lands(tiny_checkpo
         assert pp2.cache.num_free_pages == pp2.cache.num_pages
     finally:
         pp2.shutdown()
+
+
+def test_a_stage_that_dies_with_micro_batches_in_flight_ends_the_engine(tiny_checkpoint):
+    """Stage 1 killed while a micro-batch is in flight (and the next posted to it): the step that waits for its
+    logits raises an error naming the rank, and no process of the group is left (run last: the group goes)."""
+    directory, _ = tiny_checkpoint("bamba")
+    before = my_descendants()
+    pp2 = engine(directory, 2)
+    for prompt in PROMPTS:
+        pp2.add_request(prompt, GREEDY)
+    while not pp2.microbatches.flights:
+        pp2.step()
+    worker = group.current().processes[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    while alive(worker.pid):
+        time.sleep(0.05)
+    with pytest.raises(RuntimeError, match=rf"lost rank 1 \(stage 1, pid {worker.pid}, exit code -9\)"):
+        while pp2.has_unfinished():
+            pp2.step()
+    assert group.current() is None
+    pp2.shutdown()  # nothing left to do
+    left = gone(my_descendants() - before)
+    assert all(b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left), left
