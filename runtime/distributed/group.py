@@ -34,6 +34,7 @@ from runtime.options import spell
 logger = logging.getLogger("tandem")
 
 START_TIMEOUT = timedelta(seconds=300)
+CONTROL_TAG = 1  # rank 0's messages, apart from a pipeline stage's hidden states (tag 0) on the same pair
 STOP_TIMEOUT = 10.0  # seconds workers get to leave on their own before they are terminated
 
 
@@ -67,13 +68,15 @@ class Group:
         self.flush()
 
     def post(self, message: tuple) -> None:
-        """Send `message` to every worker without waiting for them to take it: gloo's broadcast returns only
-        once every rank joins it, and a pipeline stage busy with an earlier micro-batch joins late."""
+        """Send `message` to every worker without waiting for them to take it. Point to point, one send per
+        worker: a collective (gloo's broadcast) returns only once every rank joined it, and a later pipeline
+        stage busy with an earlier micro-batch would hold back the message from the stages before it."""
         data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
         size = torch.tensor([len(data)], dtype=torch.long)
         self._posted = [(w, t) for w, t in self._posted if not w.is_completed()]
-        for tensor in (size, data):  # the work keeps its tensor; so does this list, to be sure
-            self._posted.append((dist.broadcast(tensor, src=0, group=self.control, async_op=True), tensor))
+        for rank in range(1, self.world_size):
+            for tensor in (size, data):  # the work keeps its tensor; so does this list, to be sure
+                self._posted.append((dist.isend(tensor, rank, group=self.control, tag=CONTROL_TAG), tensor))
 
     def flush(self) -> None:
         """Wait until every worker took every posted message."""
@@ -84,9 +87,9 @@ class Group:
     def receive(self) -> Any:
         """A worker's next message from rank 0 (`post`)."""
         size = torch.empty(1, dtype=torch.long)
-        dist.broadcast(size, src=0, group=self.control)
+        dist.recv(size, 0, group=self.control, tag=CONTROL_TAG)
         data = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.broadcast(data, src=0, group=self.control)
+        dist.recv(data, 0, group=self.control, tag=CONTROL_TAG)
         return pickle.loads(data.numpy().tobytes())
 
     def gather(self, value: Any) -> list[Any]:
