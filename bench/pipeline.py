@@ -2,7 +2,7 @@
 Bamba-9B-sized model, projected over NVLink and 100 Gb/s Ethernet beside tensor parallelism's, and the
 step timings of PP=2 measured on this machine (the pipeline bubble as a fraction of the step).
 
-    OMP_NUM_THREADS=1 python bench/pipeline.py --hidden-size 1024 --layers 8 --batch 8 --steps 32
+    OMP_NUM_THREADS=1 python bench/pipeline.py --hidden-size 1024 --layers 8 --batch 16 --steps 16 --rounds 3
 
 Per decode step of a batch of B sequences, each of the PP-1 stage boundaries sends one message of
 B x hidden values (the hidden states; the model's dtype), and the last stage sends rank 0 the greedy token
@@ -14,10 +14,13 @@ NVLink 4 450 GB/s and 1 us per hop; 100 Gb/s Ethernet 12.5 GB/s and 10 us per ho
 send from rank 0 (a few KiB of token and page ids) is left out of both.
 
 The measured part builds a random Bamba checkpoint (tests/tiny_models.py, float32), starts a 2-stage gloo
-group on this machine, prefills `--batch` prompts and times `--steps` decode steps on rank 0: its own
-stage's compute, and its wait for the token ids (runtime.distributed.state.record counts the sends and
-receives). Without micro-batches in flight, rank 0 waits while stage 1 computes: that wait over the step
-is the bubble. Figures: docs/features/pipeline_parallel.md.
+group on this machine, prefills `--batch` prompts and times their decode steps on rank 0 (its own stage's
+compute, and its wait for the token ids; runtime.distributed.state.record counts the sends and receives), in
+`--rounds` alternated rounds of `--steps` steps of the whole batch one step at a time, and as many with two
+micro-batches in flight (runtime/distributed/microbatch.py; each engine step then lands half the batch).
+One step at a time, rank 0 waits while stage 1 computes: that wait over the step is the bubble, which
+micro-batches in flight shrink. The load average is printed: the machine is shared.
+Figures: docs/features/pipeline_parallel.md.
 """
 
 from __future__ import annotations
@@ -98,60 +101,61 @@ def build(args) -> Path:
 
 @dataclass
 class Timing:
-    """Rank 0 over the measured decode steps: seconds, seconds waiting for the last stage, tokens generated,
-    and the first landed step's sends and receives."""
+    """Rank 0 over the measured decode steps: seconds, seconds waiting for the last stage, tokens generated."""
 
-    seconds: float
-    waiting: float
-    tokens: int
-    first: Any
+    seconds: float = 0.0
+    waiting: float = 0.0
+    tokens: int = 0
 
     def per_batch(self, seconds: float, batch: int) -> float:
         """`seconds` per step of the whole batch (a token for every sequence)."""
         return seconds * batch / self.tokens
 
 
-def time_decode(model: Path, args, depth: int) -> Timing:
-    """Decode `args.batch` sequences at PP=2 with `depth` micro-batches in flight (1: one step at a time)."""
+def time_decode(model: Path, args) -> tuple[dict[int, Timing], Any]:
+    """Decode `args.batch` sequences at PP=2, in `args.rounds` rounds of one step at a time (depth 1) and of two
+    micro-batches in flight (depth 2), alternated so that both see the machine's load alike; and the sends and
+    receives of a step of the whole batch."""
     from runtime import LLM, SamplingParams
     from runtime.distributed import state
 
     engine = LLM(model, dtype="float32", pipeline_parallel_size=2, max_model_len=512).engine
-    engine.microbatches.depth = depth
-    params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=args.rounds * 2 * (args.steps + 4) + 16, ignore_eos=True)
     seqs = [engine.add_request({"prompt_token_ids": [5 + i, 17, 42, 9]}, params) for i in range(args.batch)]
     while any(not engine._seqs[i].output_token_ids for i in seqs):  # the prefills, then one decode of each
         engine.step()
-    for _ in range(depth):
-        engine.step()
-    tokens = engine.counters.generated_tokens
-    steps = []
-    start = time.perf_counter()
-    for _ in range(args.steps * depth):  # each step lands one micro-batch
-        with state.record() as stats:
-            engine.step()
-        steps.append(stats)
-    seconds = time.perf_counter() - start
-    tokens = engine.counters.generated_tokens - tokens
+    timings, first = {1: Timing(), 2: Timing()}, None
+    for _ in range(args.rounds):
+        for depth, timing in timings.items():
+            engine.microbatches.depth = depth
+            for _ in range(2 * depth):  # into the new depth's steady state
+                engine.step()
+            tokens, start = engine.counters.generated_tokens, time.perf_counter()
+            for _ in range(args.steps * depth):  # each step lands one micro-batch
+                with state.record() as stats:
+                    engine.step()
+                timing.waiting += stats.seconds.get("recv", 0.0)
+                first = first or stats
+            timing.seconds += time.perf_counter() - start
+            timing.tokens += engine.counters.generated_tokens - tokens
     engine.shutdown()
-    return Timing(seconds, sum(s.seconds.get("recv", 0.0) for s in steps), tokens, steps[0])
+    return timings, first
 
 
 def measure(args) -> list[str]:
     model = build(args)
     load = os.getloadavg()
-    one = time_decode(model, args, depth=1)
-    two = time_decode(model, args, depth=2)
+    timings, stats = time_decode(model, args)
     after = os.getloadavg()
-    stats = one.first
     lines = [
         f"PP=2 over gloo on this machine ({os.cpu_count()} CPUs, load average {load[0]:.1f} before and "
         f"{after[0]:.1f} after), hidden {args.hidden_size}, {args.layers} layers, batch {args.batch}, float32; "
-        f"rank 0 per decode step of the batch (over {args.steps} of them):",
+        f"rank 0 per decode step of the batch ({args.rounds} x {args.steps} of them each way, alternated):",
         f"  sends    {stats.counts.get('send', 0)} ({stats.bytes.get('send', 0) / 1024:.1f} KiB, the hidden states)",
         f"  receives {stats.counts.get('recv', 0)} ({stats.bytes.get('recv', 0)} B, the greedy token ids)",
     ]
-    for label, timing in (("one step at a time", one), ("2 micro-batches in flight", two)):
+    for depth, label in ((1, "one step at a time"), (2, "2 micro-batches in flight")):
+        timing = timings[depth]
         step, wait = timing.per_batch(timing.seconds, args.batch), timing.per_batch(timing.waiting, args.batch)
         lines.append(f"  {label:26s} step {step * 1e3:.2f} ms ({args.batch / step:.0f} tokens/s): rank 0 waits "
                      f"{wait * 1e3:.2f} ms for stage 1, the bubble is {timing.waiting / timing.seconds:.0%} of the "
@@ -164,8 +168,11 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=8, help="sequences decoding together")
-    parser.add_argument("--steps", type=int, default=32, help="decode steps measured")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps of the batch measured per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each way, alternated")
     args = parser.parse_args()
+    if args.rounds * 2 * (args.steps + 4) + 16 > 500:
+        parser.error("--rounds x --steps: the sequences would outgrow the model's 512 positions; use fewer")
     print("\n".join(measure(args)))
     print()
     print("\n".join(projection(args.batch)))

@@ -14,7 +14,7 @@ from pipeline import pipeline_traffic  # noqa: E402
 
 def test_pipeline_benchmark_measures_and_projects(tmp_path):
     command = [sys.executable, str(ROOT / "bench" / "pipeline.py"), "--hidden-size", "64", "--layers", "2",
-               "--batch", "2", "--steps", "2"]
+               "--batch", "2", "--steps", "2", "--rounds", "1"]
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1",
            "TANDEM_CPU_COMPILE": "0"}
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
