@@ -106,12 +106,20 @@ def main(argv: list[str] | None = None) -> int:
              ("1 seq, 1 adapter", [None], [loras[0]])]
     print(f"decode step (ms), {model_dir.name} {args.dtype}, rank {args.rank}, median of {args.repeats} runs of "
           f"{args.steps} steps")
+    print(f"machine before: {load()}")
     print("| case | base | LoRA | ratio |")
     print("| --- | --- | --- | --- |")
     for label, base, adapted in cases:
         base_ms, lora_ms = measure(llm, base, adapted, args.steps, args.repeats)
         print(f"| {label} | {base_ms:.2f} | {lora_ms:.2f} | {lora_ms / base_ms:.2f}x |")
+    print(f"machine after: {load()}")
     return 0
+
+
+def load() -> str:
+    """How busy the machine was: the figures mean little on a loaded one."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
 if __name__ == "__main__":

@@ -153,7 +153,18 @@ def run_tandem(directory: Path, dtype: str, ids: list[list[int]], output_len: in
         outputs = llm.generate(prompts_, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
         return sum(len(out.outputs[0].token_ids) for out in outputs)
 
-    return timed_runs(generate, output_len)
+    result = timed_runs(generate, output_len)
+    result.update(resident_bytes(llm.engine.runner))
+    return result
+
+
+def resident_bytes(runner) -> dict:
+    """What the engine holds by design: the model's tensors (quantized weights at their packed size, scales,
+    embeddings, the LM head) and the page pool, to set the peak memory against (the rest is the runtime's)."""
+    tensors = {id(t): t for t in [*runner.model.parameters(), *runner.model.buffers()]}
+    pool = getattr(runner, "pool", None)
+    return {"model_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "pool_bytes": 0 if pool is None else pool.numel() * pool.element_size()}
 
 
 def run_hf(directory: Path, dtype: str, ids: list[list[int]], output_len: int, threads: int) -> dict:
@@ -350,7 +361,7 @@ def report(args: argparse.Namespace) -> None:
     header = ("| workload | model | dtype | engine | gen tok/s | prefill s | decode step ms | peak MiB | Tandem/HF "
               "| Tandem/vLLM |" + (" Tandem/llama.cpp |" if "llamacpp" in others else "")
               + "\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: |" + " ---: |" * (len(others)))
-    rows, floors, rounds = [header], [], []
+    rows, floors, rounds, memory = [header], [], [], []
     for name in args.workloads.split(","):
         workload = WORKLOADS[name] or (args.prompts, args.input_len, args.output_len)
         num_prompts, input_len, output_len = workload
@@ -369,6 +380,8 @@ def report(args: argparse.Namespace) -> None:
                 results = {engine: median_result(runs[engine]) for engine in turns}
                 generated = num_prompts * output_len
                 rows += [table_row(label, model, dtype, engine, results, generated, others) for engine in turns]
+                if "model_bytes" in results.get("tandem", {}):
+                    memory.append(memory_row(label, model, dtype, results["tandem"]))
                 if args.repeats > 1:
                     rounds.append(round_ratios(f"{name} {model} {dtype}", runs))
                 if not args.skip_floor and name == "short":
@@ -388,6 +401,12 @@ def report(args: argparse.Namespace) -> None:
         print("| model | dtype | engine ms/token | floor ms/token | ratio | each run |\n"
               "| --- | --- | ---: | ---: | ---: | --- |")
         print("\n".join(floors))
+    if memory:
+        print("\nTandem's peak memory against its model tensors and page pool (the rest is Python, torch and "
+              "the step's activations)\n")
+        print("| workload | model | dtype | peak MiB | model MiB | pool MiB | peak / (model + pool) |\n"
+              "| --- | --- | --- | ---: | ---: | ---: | ---: |")
+        print("\n".join(memory))
     print(f"\n(total benchmark time {time.perf_counter() - started:.0f} s)")
 
 
@@ -434,7 +453,17 @@ def median_result(runs: list[dict]) -> dict:
     run) and the largest peak memory."""
     result = {key: statistics.median(run[key] for run in runs) for key in ("total_s", "prefill_s", "step_s")}
     result["peak_rss_mib"] = max(run["peak_rss_mib"] for run in runs)
+    for key in ("model_bytes", "pool_bytes"):
+        if key in runs[0]:
+            result[key] = runs[0][key]
     return result
+
+
+def memory_row(label: str, model: str, dtype: str, result: dict) -> str:
+    """Tandem's peak memory against what it holds by design (the model's tensors and the page pool)."""
+    model_mib, pool_mib = result["model_bytes"] / 2**20, result["pool_bytes"] / 2**20
+    return (f"| {label} | {model} | {dtype} | {result['peak_rss_mib']:.0f} | {model_mib:.0f} | {pool_mib:.0f} | "
+            f"{result['peak_rss_mib'] / (model_mib + pool_mib):.2f}x |")
 
 
 def round_ratios(label: str, runs: dict[str, list[dict]]) -> str:

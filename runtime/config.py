@@ -146,8 +146,9 @@ class EngineConfig:
     # vLLM's spelling; a dict becomes its JSON text at construction, as the command line gives it.
     speculative_config: dict[str, Any] | str | None = field(default=None, metadata=option(
         'speculative decoding as vLLM\'s JSON object, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_min": 1, "prompt_lookup_max": 5}\': prompt lookup proposes tokens that one step verifies; '
-        "greedy output is unchanged (see docs/features/speculative_decoding.md)", type=str, metavar="JSON",
+        '"prompt_lookup_min": 1, "prompt_lookup_max": 5}\' (prompt lookup) or \'{"model": "DRAFT_DIR", '
+        '"num_speculative_tokens": 4}\' (a smaller model with the same tokenizer) proposes tokens that one step '
+        "verifies; greedy output is unchanged (see docs/features/speculative_decoding.md)", type=str, metavar="JSON",
         plan=True))
     # LoRA adapters (vLLM's spellings): the slots are allocated when the engine starts.
     enable_lora: bool = field(default=False, metadata=option(
@@ -188,7 +189,7 @@ class EngineConfig:
         self._check_max_model_len()
         object.__setattr__(self, "cache", self._resolve_cache())
         speculative = parse_speculative_config(self.speculative_config, spell("speculative_config"),
-                                               self.derived_max_model_len)
+                                               self.derived_max_model_len, self.hf_config.first("vocab_size"))
         object.__setattr__(self, "speculative", speculative)
         if isinstance(self.speculative_config, dict):
             object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config, sort_keys=True))
@@ -218,14 +219,6 @@ class EngineConfig:
         if quant.method not in decl.quantizations:
             raise ConfigError(f"{decl.architecture}: {quant.method} checkpoints are not supported for this "
                               f"architecture yet (it supports: {', '.join(decl.quantizations) or 'none'})")
-        if self.tensor_parallel_size > 1:
-            raise ConfigError(f"{spell('tensor_parallel_size', self.tensor_parallel_size)}: tensor parallelism with a "
-                              f"quantized checkpoint ({quant.method}) is not supported yet; pass "
-                              f"{spell('tensor_parallel_size', 1)}")
-        if self.pipeline_parallel_size > 1:
-            raise ConfigError(f"{spell('pipeline_parallel_size', self.pipeline_parallel_size)}: pipeline parallelism "
-                              f"with a quantized checkpoint ({quant.method}) is not supported yet; pass "
-                              f"{spell('pipeline_parallel_size', 1)}")
 
     @cached_property
     def dims(self) -> Any:

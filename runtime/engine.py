@@ -33,6 +33,7 @@ from runtime.sampler import Sampler, SamplerOutput, top_logprobs
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Batch, Scheduler, SchedulerLimits
 from runtime.sequence import Sequence
+from runtime.spec_decode.draft import DraftProposer
 from runtime.spec_decode.rows import sample_verify_rows
 from runtime.spec_decode.speculator import Speculator
 from runtime.stats import (
@@ -162,9 +163,13 @@ class Engine:
         self._timings: dict[str, Timing] = {}
         self.counters = EngineCounters()
         spec = config.speculative
-        self.speculator = None if spec is None else Speculator(spec, config.cache.num_state_groups, self.max_model_len)
+        drafter = DraftProposer(config, self.tokenizer) if spec is not None and spec.model is not None else None
+        self.speculator = None if spec is None else Speculator(spec, config.cache.num_state_groups, self.max_model_len,
+                                                               drafter)
+        # Micro-batches in flight, one per stage; one at a time with a draft model, whose proposer keeps a cache
+        # per running request and drops those it is not asked about (the ones in flight would be).
         pp = config.pipeline_parallel_size
-        self.microbatches = MicroBatches(self, depth=pp) if pp > 1 else None
+        self.microbatches = MicroBatches(self, depth=pp if drafter is None else 1) if pp > 1 else None
 
     def _fit_max_model_len(self) -> int:
         layout, wanted = self.config.cache, self.config.derived_max_model_len
@@ -544,6 +549,8 @@ class Engine:
             counters.e2e_request_latency.observe(time.monotonic() - timing.arrival)
         self._seqs.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
+        if self.speculator is not None:
+            self.speculator.forget(seq.request_id)
         parent = self._parents.get(seq.parent_id) if seq.parent_id is not None else None
         if parent is not None and all(child.is_finished for child in parent.children):
             del self._parents[seq.parent_id]

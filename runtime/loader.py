@@ -149,18 +149,22 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     quant = config.checkpoint_quantization
     with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1 or pp > 1 or quant is not None):
         model = cls(config.dims)
+    files = checkpoint_files(config.model_dir)
+    # Planned on the whole model (the file and config.json must agree on every linear, whatever the stage).
+    pending = quant_loading.install(model, quant_loading.plan(model, quant, files)) if quant is not None else {}
     stage = None
     if pp > 1:
         from runtime.distributed.pipeline import cut_model
 
         stage = cut_model(model, config)
-    files = checkpoint_files(config.model_dir)
-    pending = quant_loading.install(model, quant_loading.plan(model, quant, files)) if quant is not None else {}
     shards = shard_model(model, state.rank(), tp) if tp > 1 else {}
     model.weight_shards = shards  # LoRA slots are cut like the weights they adapt (runtime/lora/layer.py)
     allocate_parameters(model, device)
     model.tie_weights()
     names, elsewhere = (stage.checkpoint_names(model), stage.elsewhere(model)) if stage else (None, set())
+    if stage is not None and pending:  # other stages' quantized linears: their tensors are not read
+        pending, dropped = quant_loading.keep_stage(model, pending)
+        elsewhere |= dropped
     load_weights(model, files, shards, state.rank(), tp, names, elsewhere, pending)
     quant_loading.finish(model, pending, device)
     if stage is not None:
@@ -170,19 +174,32 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
 
 def _build_from_gguf(cls: type, config: EngineConfig, device: torch.device, gguf: Path) -> CausalLM:
     """A GGUF file's model: built on the meta device, its quantized linears swapped in, then the rest allocated."""
-    # getattr: pipeline parallelism comes with another branch.
-    if config.tensor_parallel_size > 1 or getattr(config, "pipeline_parallel_size", 1) > 1:
-        raise CheckpointError("GGUF files run on one process; leave --tensor-parallel-size and "
-                              "--pipeline-parallel-size at 1")
+    if config.pipeline_parallel_size > 1:
+        raise CheckpointError("GGUF files do not run in pipeline stages yet; leave --pipeline-parallel-size at 1")
     with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(True):
         model = cls(config.dims)
-    model.weight_shards = {}  # none: one process (LoRA cuts its slots like the weights, on main)
+    model.weight_shards = {}  # until sharded below (LoRA cuts its slots like the weights)
 
     def allocate(model: torch.nn.Module) -> None:
         allocate_parameters(model, device)
         model.tie_weights()
     load_gguf_weights(model, gguf, config.hf_config, DTYPES[config.model_dtype], device, allocate)
+    if config.tensor_parallel_size > 1:
+        model.weight_shards = _shard_loaded(model, state.rank(), config.tensor_parallel_size)
     return model.eval()
+
+
+def _shard_loaded(model: CausalLM, rank: int, tp: int) -> dict[str, Shard]:
+    """Shard a model loaded whole (a GGUF file's: each rank reads the file, then keeps its part); its quantized
+    linears cut themselves (QuantLinear.cut)."""
+    full = {name: param.detach() for name, param in model.named_parameters()}
+    shards = shard_model(model, rank, tp)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, shard in shards.items():
+            params[name].copy_(_read_shard(shard, lambda name=name: full[name], lambda name=name: full[name], rank, tp))
+    model.tie_weights()
+    return shards
 
 
 def _names(names: list[str], limit: int = 5) -> str:

@@ -27,12 +27,22 @@ def run_child(tmp_path, prompts: int) -> dict:
 
 def test_throughput_child_measures_tandem(tmp_path):
     result = run_child(tmp_path, prompts=2)
-    assert set(result) == {"total_s", "prefill_s", "step_s", "generated_tokens", "peak_rss_mib"}
+    assert set(result) == {"total_s", "prefill_s", "step_s", "generated_tokens", "peak_rss_mib", "model_bytes",
+                           "pool_bytes"}
     # It measured the workload it was asked for: 2 prompts x 3 tokens, EOS ignored.
     assert result["generated_tokens"] == 2 * 3
     assert 0 < result["prefill_s"] and 0 < result["total_s"] and result["step_s"] >= 0
     # ru_maxrss is in KiB on Linux: a process that imported torch holds well over 100 MiB, and under 64 GiB.
     assert 100 < result["peak_rss_mib"] < 64 * 1024
+    # The toy hybrid's tensors and its pool: some KiB to some MiB each, both held in the process's peak.
+    assert 0 < result["model_bytes"] and 0 < result["pool_bytes"]
+    assert result["model_bytes"] + result["pool_bytes"] < result["peak_rss_mib"] * 2**20
+
+
+def test_memory_row_sets_the_peak_against_the_model_and_the_pool():
+    result = {"peak_rss_mib": 1150.0, "model_bytes": 800 * 2**20, "pool_bytes": 200 * 2**20}
+    assert throughput.memory_row("short", "hybrid-1b", "int8", result) == \
+        "| short | hybrid-1b | int8 | 1150 | 800 | 200 | 1.15x |"
 
 
 def figures(total_s):

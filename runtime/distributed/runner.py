@@ -26,6 +26,7 @@ from runtime.distributed.group import shutdown as shutdown_group
 from runtime.distributed.sharding import check_sharding
 from runtime.dtypes import DTYPES
 from runtime.loader import default_dtype
+from runtime.quant import parallel as quant_parallel
 from runtime.runner import ModelRunner, PromptLogits, StepPlan, plan_step, split_logits
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
@@ -69,7 +70,10 @@ def check_tensor_parallel(config: EngineConfig) -> None:
         cls = getattr(importlib.import_module(module_name), class_name)
         with default_dtype(DTYPES[config.model_dtype]), torch.device("meta"):
             model = cls(config.dims)
-        check_sharding(model, config.tensor_parallel_size)
+        if config.checkpoint_quantization is not None or config.quantization is not None:
+            quant_parallel.check_sharding(config, model)  # its quantized linears cut as they will be
+        else:
+            check_sharding(model, config.tensor_parallel_size)
     if config.pipeline_parallel_size > 1:
         pipeline.stage_plan(config)
 

@@ -78,6 +78,9 @@ class Sharder:
     def param(self, module: nn.Module, name: str, dim: int, parts: list[Part] | None = None,
               rank0_only: bool = False) -> None:
         """Narrow `module.<name>` to this rank's parts along `dim` (rank0_only: whole on rank 0, zeros elsewhere)."""
+        if hasattr(module, "cut"):  # a quantized linear still being read (runtime.quant.loading.PendingQuant)
+            module.cut(self.names[id(module)], name, dim, tuple(parts or ()), rank0_only, self.rank, self.tp)
+            return
         full = getattr(module, name)
         if full is None:
             return
@@ -145,9 +148,9 @@ def shard_model(model: nn.Module, rank: int, tp: int) -> dict[str, Shard]:
     return sharder.shards
 
 
-def check_sharding(model: nn.Module, tp: int) -> None:
+def check_sharding(model: nn.Module, tp: int) -> dict[str, Shard]:
     """Raise the ValueError `shard_model` would, on a model built on the meta device (no weights, no memory)."""
-    shard_model(model, 0, tp)
+    return shard_model(model, 0, tp)
 
 
 # Vocabulary --------------------------------------------------------------------------------------
@@ -273,8 +276,14 @@ def nemotron_moe(s: Sharder, module: nn.Module) -> None:
     for expert in module.experts:
         _inner_mlp(s, expert)
     _inner_mlp(s, module.shared_experts)
-    if isinstance(module.fc2_latent_proj, nn.Linear) and module.fc2_latent_proj.bias is not None:
-        s.param(module.fc2_latent_proj, "bias", 0, rank0_only=True)
+    latent = module.fc2_latent_proj  # an nn.Linear, or a quantized one still being read (PendingQuant)
+    if isinstance(latent, nn.Linear):
+        # It projects the experts' partial sums: row-parallel, each rank keeping every input column, its bias on
+        # rank 0 alone; recorded as such so that a LoRA slot's bias is cut the same way (runtime/lora/layer.py).
+        s.param(latent, "weight", 1)
+        s.param(latent, "bias", 0, rank0_only=True)
+    elif getattr(latent, "has_bias", False):
+        s.param(latent, "bias", 0, rank0_only=True)
     module.register_forward_hook(reduce_output)
 
 

@@ -85,6 +85,14 @@ def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum of `tensor` over the ranks, in place (a row-parallel weight's group scales when it
+    is quantized on loading, runtime/quant/parallel.py); returns it."""
+    if world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_tensor_group)
+    return tensor
+
+
 def all_gather_last(tensor: torch.Tensor) -> torch.Tensor:
     """Every rank's `tensor` side by side along the last dimension, in rank order."""
     size = world_size()

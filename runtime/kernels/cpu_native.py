@@ -381,8 +381,8 @@ def lora_shrink_native(x: Tensor, lora_a: Tensor, indices: Tensor) -> Tensor:
     """lora_shrink_ref over the rows, skipping the base model's (the pool's last, zero slot)."""
     if x.dtype not in NATIVE_DTYPES:
         return lora_shrink_ref(x, lora_a, indices)
-    if x.dtype != torch.float32 or x.stride(-1) != 1:
-        x = x.float().contiguous()  # the kernel reads float32 rows (a bfloat16 x is widened, as the reference does)
+    if x.stride(-1) != 1:
+        x = x.contiguous()  # the kernel reads whole rows; bfloat16 ones it widens as it reads, as the reference does
     out = torch.empty(x.shape[0], lora_a.shape[1], dtype=torch.float32)
     _ops().lora_shrink(x, lora_a, indices, out)
     return out

@@ -46,15 +46,21 @@ def group_size_of(scheme: str, in_features: int) -> int:
     return in_features if scheme == "int8" else INT4_GROUP_SIZE
 
 
-def quantize(weight: Tensor, scheme: str) -> tuple[Tensor, Tensor, int]:
-    """(qweight, scales, group_size) of a float (N, K) weight; scales float32 (N, groups)."""
+def quantize(weight: Tensor, scheme: str, scales: Tensor | None = None,
+             group_size: int | None = None) -> tuple[Tensor, Tensor, int]:
+    """(qweight, scales, group_size) of a float (N, K) weight; scales float32 (N, groups). A tensor-parallel
+    shard of a row-parallel weight passes the scales of its whole rows' groups and its own group size
+    (runtime/quant/parallel.py), so that it holds exactly its columns of the unsharded weight's quantization."""
     n, k = weight.shape
-    group_size = group_size_of(scheme, k)
+    group_size = group_size or group_size_of(scheme, k)
     groups = -(-k // group_size)
     padded = weight.new_zeros(n, groups * group_size, dtype=torch.float32)
     padded[:, :k] = weight.float()
     grouped = padded.view(n, groups, group_size)
-    scales = grouped.abs().amax(dim=2) / LEVELS[scheme]
+    if scales is None:
+        scales = grouped.abs().amax(dim=2) / LEVELS[scheme]
+    assert scales.shape == (n, groups), (scales.shape, n, groups)
+    scales = scales.float()
     # An all-zero group has scale 0 and quantizes to zeros (not 0 / 0).
     divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
     levels = LEVELS[scheme]

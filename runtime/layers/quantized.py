@@ -23,10 +23,11 @@ class QuantLinear(nn.Module):
     """A linear whose weight is stored quantized (int8, packed int4 or FP8) with float32 scales and optional
     offsets per group (runtime.kernels.quant_linear), quantized here from an nn.Linear or loaded (`loaded`)."""
 
-    def __init__(self, linear: nn.Linear, scheme: str):
+    def __init__(self, linear: nn.Linear, scheme: str, given: tuple[torch.Tensor, int] | None = None):
         super().__init__()
         weight = linear.weight.detach()
-        qweight, scales, group_size = quantize(weight.cpu(), scheme)
+        scales, group_size = given if given is not None else (None, None)
+        qweight, scales, group_size = quantize(weight.cpu(), scheme, scales, group_size)
         bias = linear.bias.detach() if linear.bias is not None else None
         self._hold(linear.in_features, scheme, weight.dtype, qweight.to(weight.device), scales.to(weight.device),
                    group_size, None, bias)
@@ -49,6 +50,11 @@ class QuantLinear(nn.Module):
         self.register_buffer("offsets", None if offsets is None else offsets.float().contiguous(), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
 
+    def cut(self, where: str, name: str, dim: int, parts: tuple, rank0_only: bool, rank: int, tp: int) -> None:
+        """runtime.distributed.sharding's hook: keep this rank's part of the weight or bias (runtime/quant/parallel.py)."""
+        from runtime.quant.parallel import cut_loaded
+        cut_loaded(self, where, name, dim, parts, rank0_only, rank, tp)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = quant_linear(x, self.qweight, self.scales, self.group_size, self.bias, self.offsets)
         return y.to(self.dtype)
@@ -60,11 +66,12 @@ class QuantLinear(nn.Module):
 class QuantStackedLinear(nn.Module):
     """StackedLinear's experts, each quantized as a QuantLinear's weight: qweight (E, N, ...), scales (E, N, G)."""
 
-    def __init__(self, stacked: StackedLinear, scheme: str):
+    def __init__(self, stacked: StackedLinear, scheme: str, given: tuple[torch.Tensor, int] | None = None):
         super().__init__()
         weight = stacked.weight.detach()
         self.dtype, self.scheme = weight.dtype, scheme
-        parts = [quantize(expert.cpu(), scheme) for expert in weight]
+        scales, group_size = given if given is not None else ([None] * len(weight), None)
+        parts = [quantize(expert.cpu(), scheme, s, group_size) for expert, s in zip(weight, scales)]
         self.group_size = parts[0][2]
         self.register_buffer("qweight", torch.stack([q for q, _, _ in parts]).to(weight.device), persistent=False)
         self.register_buffer("scales", torch.stack([s for _, s, _ in parts]).to(weight.device), persistent=False)
@@ -84,15 +91,21 @@ def quantizes(name: str) -> bool:
 
 def quantize_linears(model: nn.Module, scheme: str) -> int:
     """Replace the decoder layers' nn.Linear and StackedLinear modules of `model` by their quantized
-    counterparts; returns how many."""
+    counterparts; returns how many. A tensor-parallel rank's row-parallel shard (`model.weight_shards` cuts its
+    inputs) is quantized with the scales of the whole weight (runtime/quant/parallel.py)."""
+    from runtime.quant.parallel import row_scales
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization {scheme!r}; use one of {', '.join(SCHEMES)}")
     targets = [name for name, module in model.named_modules() if type(module) in QUANTIZED and quantizes(name)]
+    shards = getattr(model, "weight_shards", {})
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         module = getattr(parent, child)
-        setattr(parent, child, QUANTIZED[type(module)](module, scheme))
+        shard = shards.get(f"{name}.weight")
+        rows = shard is not None and shard.dim == module.weight.dim() - 1
+        given = row_scales(name, module.weight.detach(), scheme, shard) if rows else None
+        setattr(parent, child, QUANTIZED[type(module)](module, scheme, given))
     return len(targets)
 
 

@@ -84,8 +84,9 @@ class LoRALinear(nn.Module):
 
     def _cut_bias(self, bias: torch.Tensor) -> torch.Tensor:
         """This rank's part of an output bias: cut like the output features of a column-parallel linear; whole
-        on rank 0 alone after a row-parallel one (the all-reduce adds it once)."""
-        if self.shard is None:
+        on rank 0 alone after a row-parallel one (the all-reduce adds it once); whole on every rank after one
+        that reduces inside (Mamba-1's x_proj: the expand adds to the summed output)."""
+        if self.shard is None or self.reduces:
             return bias
         if self.shard.dim == 1:
             return bias if state.rank() == 0 else torch.zeros_like(bias)

@@ -10,8 +10,8 @@ SINGLE_DEVICE = planned("`tandem plan --tp N` computes per-rank shapes, but thes
 NO_PREFIX_CACHING = planned("Prefix caching is not implemented; the block-size resolver already accounts for it.")
 NO_CUDA_GRAPHS = planned("CUDA graph capture is not implemented: decode runs eagerly on a GPU. CPU decode steps are "
                          "captured and replayed where every op can be (enforce_eager turns that off).")
-NGRAM_ONLY = partial("n-gram (prompt lookup) drafts, verified exactly for every layer kind; a draft model and MTP "
-                     "heads are planned.")
+NO_MTP = partial("n-gram (prompt lookup) and draft model drafts, verified exactly for every layer kind; MTP heads "
+                 "are planned.")
 
 
 def capabilities(engine: Support = NOT_ON_ENGINE, **overrides: Support) -> Capabilities:
@@ -24,7 +24,7 @@ def capabilities(engine: Support = NOT_ON_ENGINE, **overrides: Support) -> Capab
         Feature.PIPELINE_PARALLEL: unsupported(),
         Feature.LORA: unsupported(),
         # Every layer kind on the engine rolls back exactly (docs/features/speculative_decoding.md).
-        Feature.SPECULATIVE_DECODING: NGRAM_ONLY if engine.status is Status.SUPPORTED else NOT_ON_ENGINE,
+        Feature.SPECULATIVE_DECODING: NO_MTP if engine.status is Status.SUPPORTED else NOT_ON_ENGINE,
     }
     for name, support in overrides.items():
         features[Feature[name.upper()]] = support

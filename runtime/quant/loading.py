@@ -10,9 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from runtime.layers.parallel import Part, Shard
 from runtime.layers.quantized import QuantLinear
 from runtime.quant.config import CheckpointQuant, WeightFormat
 from runtime.quant.convert import QUANT_SUFFIXES, SKIPPED, QuantTensorError, convert, split_name
+from runtime.quant.parallel import check_rows, cut, rank0_bias
 
 # The tensors whose presence marks a linear as quantized in the file.
 MARKERS = ("weight_scale_inv", "weight_scale", "weight_packed")
@@ -27,6 +29,30 @@ class PendingQuant(nn.Module):
         self.has_bias, self.dtype = linear.bias is not None, linear.weight.dtype
         self.checkpoint_prefix: str | None = None
         self.tensors: dict[str, torch.Tensor] = {}
+        # Under tensor parallelism: how this rank's part is cut from the converted layer (runtime/quant/parallel.py).
+        self.shard: Shard | None = None
+        self.bias_on_rank0 = False  # a whole layer after a partial sum (Nemotron-H's fc2_latent_proj)
+        self.rank, self.tp = 0, 1
+
+    def cut(self, where: str, name: str, dim: int, parts: tuple[Part, ...], rank0_only: bool, rank: int,
+            tp: int) -> None:
+        """runtime.distributed.sharding's hook: record how the weight is cut (refusing a split of the inputs that
+        is not whole quantization groups) or that the bias lives on rank 0; the tensors are cut once converted."""
+        self.rank, self.tp = rank, tp
+        if name == "bias":
+            self.bias_on_rank0 = rank0_only
+            return
+        full = (self.out_features, self.in_features)
+        assert name == "weight" and sum(p.size for p in parts) == full[dim], (where, name, dim, parts)
+        self.shard = Shard(full, dim, parts)
+        check_rows(where, self.shard, k_group(self.fmt, self.in_features), tp)
+
+
+def k_group(fmt: WeightFormat, in_features: int) -> int:
+    """The inputs one scale covers along K."""
+    if fmt.strategy in ("tensor", "channel"):
+        return in_features
+    return fmt.block[1] if fmt.strategy == "block" else fmt.group_size
 
 
 def tensor_names(path: Path) -> list[str]:
@@ -83,6 +109,15 @@ def install(model: nn.Module, chosen: dict[str, WeightFormat]) -> dict[str, Pend
     return pending
 
 
+def keep_stage(model: nn.Module, pending: dict[str, PendingQuant]) -> tuple[dict[str, PendingQuant], set[str]]:
+    """The pending linears a pipeline stage kept, and the tensor names (ours) of those it dropped."""
+    present = {id(module) for module in model.modules()}
+    kept = {name: slot for name, slot in pending.items() if id(slot) in present}
+    suffixes = ("weight", "bias", *QUANT_SUFFIXES)
+    dropped = {f"{name}.{suffix}" for name in set(pending) - set(kept) for suffix in suffixes}
+    return kept, dropped
+
+
 def route(pending: dict[str, PendingQuant], target: str, name: str, load: Any) -> bool:
     """Keep a checkpoint tensor that belongs to a pending quantized linear (True), else let the loader load it."""
     module, _, suffix = target.rpartition(".")
@@ -97,6 +132,16 @@ def route(pending: dict[str, PendingQuant], target: str, name: str, load: Any) -
     return True
 
 
+def _rank_bias(slot: PendingQuant, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's bias: a column-parallel layer's rows; a layer whose output is a partial sum (row-parallel, or
+    Nemotron-H's fc2_latent_proj) adds it once, on rank 0."""
+    if bias is None or slot.tp == 1:
+        return bias
+    if slot.bias_on_rank0 or (slot.shard is not None and slot.shard.dim):
+        return rank0_bias(bias, slot.rank)
+    return bias if slot.shard is None else slot.shard.take(bias, slot.rank, slot.tp).contiguous()
+
+
 def finish(model: nn.Module, pending: dict[str, PendingQuant], device: torch.device) -> None:
     """Convert every pending linear; only when all converted are they swapped in (nothing half-loaded)."""
     built = {}
@@ -108,7 +153,12 @@ def finish(model: nn.Module, pending: dict[str, PendingQuant], device: torch.dev
         if slot.has_bias != (bias is not None):
             raise QuantTensorError(f"{label}.bias: the model's layer {'has' if slot.has_bias else 'has no'} bias "
                                    f"but the checkpoint {'lacks it' if slot.has_bias else 'holds one'}")
-        built[name] = QuantLinear.loaded(slot.in_features, slot.fmt.describe(), slot.dtype, qweight.to(device),
+        in_features = slot.in_features
+        if slot.shard is not None:
+            qweight, scales, group_size, offsets, in_features = cut(label, slot.shard, slot.rank, slot.tp, qweight,
+                                                                    scales, group_size, offsets, in_features)
+        bias = _rank_bias(slot, bias)
+        built[name] = QuantLinear.loaded(in_features, slot.fmt.describe(), slot.dtype, qweight.to(device),
                                          scales.to(device), group_size,
                                          None if offsets is None else offsets.to(device),
                                          None if bias is None else bias.to(device))

@@ -1,5 +1,7 @@
-"""Speculative decoding: a proposer guesses tokens, one model step verifies them (docs/features/speculative_decoding.md).
+"""Speculative decoding: a proposer guesses tokens, one model step verifies them.
 
-`config` parses vLLM's `speculative_config`; `ngram` proposes by prompt lookup; `verify` decides what is
-accepted and keeps the counters; `rollback` says what a rejected draft costs each kind of cache. All pure Python.
+See docs/features/speculative_decoding.md. `config` parses vLLM's `speculative_config`; `ngram` proposes by
+prompt lookup and `draft` with a draft model (a second model in a pool of its own: the one module here that
+runs torch); `rows` and `verify` sample the verify rows, decide what is accepted and keep the counters;
+`speculator` ties it to the engine's step, with the state checkpoints that roll a rejected draft back.
 """

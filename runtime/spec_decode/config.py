@@ -6,9 +6,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.hf_config import ConfigError
+from pathlib import Path
 
-METHODS = ("ngram",)
+from runtime.hf_config import ConfigError, architecture_of, load_raw_config
+from runtime.models import resolve
+
+# "draft_model" is vLLM's name for the method a "model" key picks: a smaller model with the same tokenizer.
+METHODS = ("ngram", "draft_model")
 # vLLM's defaults for prompt lookup.
 DEFAULT_LOOKUP_MIN = 1
 DEFAULT_LOOKUP_MAX = 5
@@ -21,8 +25,11 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = DEFAULT_LOOKUP_MIN
     prompt_lookup_max: int = DEFAULT_LOOKUP_MAX
+    model: str | None = None  # the draft model's directory (method "draft_model")
 
     def describe(self) -> str:
+        if self.model is not None:
+            return f"draft model {self.model}, {self.num_speculative_tokens} tokens per step"
         return (f"{self.method}, {self.num_speculative_tokens} tokens per step "
                 f"(n-grams of {self.prompt_lookup_min} to {self.prompt_lookup_max})")
 
@@ -40,8 +47,30 @@ def _positive(raw: dict[str, Any], key: str, default: int | None, spelled: str) 
     return value
 
 
-def parse_speculative_config(value: Any, spelled: str, max_model_len: int) -> SpeculativeConfig | None:
-    """The config from a dict or its JSON text; `spelled` names the option as the user wrote it."""
+def _draft_model(raw: dict[str, Any], spelled: str, vocab_size: int | None) -> str:
+    """The draft model's directory, checked: it exists, its config.json reads, and its vocabulary is the model's."""
+    path = raw["model"]
+    if not isinstance(path, str) or not path:
+        raise _fail(spelled, f'"model" must name the draft model\'s directory, got {path!r}')
+    if not Path(path).exists():
+        raise _fail(spelled, f'the draft model {path} does not exist; "model" names a checkpoint directory '
+                             "with the same tokenizer as the model")
+    try:
+        raw_config = load_raw_config(path)
+        hf = resolve(architecture_of(raw_config)).read_config(raw_config)
+    except ConfigError as err:
+        raise _fail(spelled, f"the draft model {path}: {err}") from None
+    draft_vocab = hf.first("vocab_size")
+    if vocab_size is not None and draft_vocab != vocab_size:
+        raise _fail(spelled, f"the draft model {path} has a vocabulary of {draft_vocab} tokens and the model "
+                             f"{vocab_size}: a draft model must share the model's tokenizer")
+    return path
+
+
+def parse_speculative_config(value: Any, spelled: str, max_model_len: int,
+                             vocab_size: int | None = None) -> SpeculativeConfig | None:
+    """The config from a dict or its JSON text; `spelled` names the option as the user wrote it, and
+    `vocab_size` is the model's, which a draft model must have too."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -55,9 +84,9 @@ def parse_speculative_config(value: Any, spelled: str, max_model_len: int) -> Sp
     unknown = sorted(set(value) - KEYS)
     if unknown:
         raise _fail(spelled, f"unknown key {unknown[0]!r}; the keys are {', '.join(sorted(KEYS))}")
-    if "model" in value:
-        raise _fail(spelled, 'a draft model ("model") is not supported yet; use {"method": "ngram", ...}')
-    method = value.get("method")
+    method = value.get("method", "draft_model" if "model" in value else None)
+    if (method == "draft_model") != ("model" in value):
+        raise _fail(spelled, '"model" (a draft model\'s directory) goes with method "draft_model" alone')
     if method not in METHODS:
         hint = " (a checkpoint's MTP heads are not supported yet)" if method == "mtp" else ""
         raise _fail(spelled, f'unknown method {method!r}{hint}; the methods are {", ".join(METHODS)}')
@@ -65,6 +94,8 @@ def parse_speculative_config(value: Any, spelled: str, max_model_len: int) -> Sp
     if k >= max_model_len:
         raise _fail(spelled, f'"num_speculative_tokens" {k} leaves no room in max_model_len={max_model_len}; '
                              f"use at most {max_model_len - 1}")
+    if method == "draft_model":
+        return SpeculativeConfig(method, k, model=_draft_model(value, spelled, vocab_size))
     low = _positive(value, "prompt_lookup_min", DEFAULT_LOOKUP_MIN, spelled)
     high = _positive(value, "prompt_lookup_max", max(DEFAULT_LOOKUP_MAX, low), spelled)
     if low > high:

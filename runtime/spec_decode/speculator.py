@@ -14,6 +14,8 @@ replay shares the next forward pass, so it costs tokens in a step, not a step).
 
 from __future__ import annotations
 
+from typing import Any
+
 from runtime.cache.manager import CacheManager
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
@@ -39,8 +41,9 @@ def _back_off(seq: Sequence, accepted: int, num_drafts: int) -> None:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, num_state_groups: int, max_model_len: int):
+    def __init__(self, config: SpeculativeConfig, num_state_groups: int, max_model_len: int, drafter: Any = None):
         self.config = config
+        self.drafter = drafter  # a DraftProposer (runtime/spec_decode/draft.py) for a draft model, else prompt lookup
         self.num_state_groups = num_state_groups
         self.max_model_len = max_model_len
         self.counters = SpecCounters()
@@ -49,23 +52,28 @@ class Speculator:
     # Before scheduling --------------------------------------------------------------------------
 
     def propose(self, running: list[Sequence]) -> None:
-        for seq in running:
-            seq.spec_token_ids = self._drafts(seq)
+        rooms = [self._room(seq) for seq in running]
+        if self.drafter is not None:
+            for seq, drafts in zip(running, self.drafter.propose(running, rooms)):
+                seq.spec_token_ids = drafts
+            return
+        for seq, room in zip(running, rooms):
+            seq.spec_token_ids = ngram.propose(seq.token_ids, room, self.config.prompt_lookup_min,
+                                               self.config.prompt_lookup_max) if room else []
 
-    def _drafts(self, seq: Sequence) -> list[int]:
+    def _room(self, seq: Sequence) -> int:
+        """How many drafts `seq` may have this step (0: none)."""
         # A grammar would have to accept each draft before it is scored; such requests decode one at a time.
         if seq.grammar is not None or seq.num_computed_tokens < len(seq.prompt_token_ids):
-            return []
+            return 0
         left, pause = seq.spec_backoff
         if left:
             seq.spec_backoff = (left - 1, pause)
-            return []
+            return 0
         room = min(self.config.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
         if seq.params.max_tokens is not None:  # the last sampled token comes on top of the drafts
             room = min(room, seq.params.max_tokens - len(seq.output_token_ids) - 1)
-        if room < 1:
-            return []
-        return ngram.propose(seq.token_ids, room, self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+        return max(0, room)
 
     # After scheduling ---------------------------------------------------------------------------
 
@@ -136,3 +144,8 @@ class Speculator:
             if not seq.is_finished:
                 seq.num_computed_tokens += extra
             seq.spec_token_ids = []
+
+    def forget(self, request_id: str) -> None:
+        """A request finished (or was aborted, or failed): the draft model's cache of it goes back to its pool."""
+        if self.drafter is not None:
+            self.drafter.free(request_id)

@@ -410,8 +410,8 @@ def test_quantization_option_matches_the_checkpoint(quantized_checkpoint, tiny_c
     with pytest.raises(ValueError, match="quantization='fp8' names a checkpoint format, but config.json has no "
                                          "quantization_config"):
         EngineConfig(str(tiny_checkpoint("llama")[0]), quantization="fp8")
-    with pytest.raises(ValueError, match="tensor_parallel_size=2: tensor parallelism with a quantized checkpoint"):
-        EngineConfig(str(ct), tensor_parallel_size=2)
+    # Tensor and pipeline parallelism run quantized checkpoints: tests/distributed/test_tp_quant.py.
+    assert EngineConfig(str(ct), tensor_parallel_size=2, pipeline_parallel_size=2).tensor_parallel_size == 2
 
 
 def test_the_cli_spells_the_mismatch_as_flags(quantized_checkpoint):

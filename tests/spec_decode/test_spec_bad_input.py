@@ -20,7 +20,7 @@ LLAMA_1B = "docs/configs/meta-llama__Llama-3.2-1B"
     ({"method": "ngram"}, '"num_speculative_tokens" is required'),
     ({"method": "eagle", "num_speculative_tokens": 2}, "unknown method 'eagle'; the methods are ngram"),
     ({"method": "mtp", "num_speculative_tokens": 2}, "MTP heads are not supported yet"),
-    ({"model": "some/draft", "num_speculative_tokens": 2}, "a draft model (\"model\") is not supported yet"),
+    ({"model": "some/draft", "num_speculative_tokens": 2}, "the draft model some/draft does not exist"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      '"prompt_lookup_min" 4 is more than "prompt_lookup_max" 2'),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "unknown key 'lookahead'"),

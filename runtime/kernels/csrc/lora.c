@@ -1,5 +1,5 @@
 /* Batched LoRA for the CPU (Punica's BGMV; runtime/kernels/lora.py holds the torch reference and the contract):
- * every token row multiplies by the adapter in its own slot of a float32 pool.
+ * every token row multiplies by the adapter in its own slot of a float32 pool; x and y are float32 or bfloat16.
  *
  *   shrink: s[t, r] = sum_k x[t, k] A[slot[t], r, k]
  *   expand: y[t, n] += sum_r s[t, r] B[slot[t], r, n] + bias[slot[t], n]     (B stored (R, out): rows of it added)
@@ -9,6 +9,7 @@
  * the chunks of rows (shrink) and chunks times blocks of output features (expand), for calls large enough to
  * pay; the shrink's sums run over 16 lanes and the expand adds rows of B, which GCC vectorises as written. */
 
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,6 @@
 #include "tandem_cpu.h"
 
 #define LORA_LANES 16
-#define LORA_BLOCK_N 64 /* output features per expand task */
 #define LORA_CHUNK 8    /* rows of one slot that share one read of its weights */
 /* Below this many multiply-adds a call runs on one thread: waking the team costs more than it saves (a decode
  * step calls the two kernels for every linear of the model, and a 32-row rank-16 call is ~0.1 ms of one core;
@@ -50,6 +50,48 @@ static inline float lora_dot(const float *a, const float *x, int n) {
     return total;
 }
 
+/* Sixteen floats, one AVX-512 register (two AVX registers elsewhere): GCC's and Clang's vector extension, which
+ * keeps the blocked sums below in registers where plain arrays of lanes were spilled. */
+typedef float lora_v16 __attribute__((vector_size(LORA_LANES * sizeof(float))));
+
+/* Rows summed at once: 8 chains of 16 lanes fill a quarter of AVX-512's 32 registers. Without AVX-512, blocking
+ * measured slower than one row at a time (GCC spills the 16-lane sums of several rows), so the kernels keep
+ * the single-row loops there. */
+#ifdef __AVX512F__
+#define LORA_DOT_ROWS 8
+#define LORA_EXPAND_ROWS 8 /* 8 rows of a 32-feature block: 16 registers of sums (4 rows of 64 measured 2x slower) */
+#define LORA_BLOCK_N 32    /* output features per expand task */
+#else
+#define LORA_DOT_ROWS 1    /* the vector extension's 16 lanes spill on AVX2: one row at a time, as lora_dot */
+#define LORA_EXPAND_ROWS 1
+#define LORA_BLOCK_N 64
+#endif
+
+/* Dot products of one row of A with the rows `x[0..LORA_CHUNK)` at once: the chunk's rows are independent
+ * chains of fused multiply-adds (one row alone waits on its own adds: a quarter of the FMA throughput), and A's
+ * row is read once for all of them. Each output sums exactly as lora_dot does (16 lanes, then the lanes in
+ * order, then the tail), so the blocking changes no bit. `rows` (2, 4 or LORA_DOT_ROWS) is a constant at each
+ * call, so that the loops unroll; a block of fewer rows repeats its last row, whose extra results are dropped. */
+static inline void lora_dots(const float *a, const float *const *x, int n, float *out, const int rows) {
+    assert(rows <= LORA_DOT_ROWS);
+    lora_v16 acc[LORA_DOT_ROWS], av, xv;
+    for (int row = 0; row < rows; row++) acc[row] = (lora_v16){0};
+    int i = 0;
+    for (; i + LORA_LANES <= n; i += LORA_LANES) {
+        memcpy(&av, a + i, sizeof av);
+        for (int row = 0; row < rows; row++) {
+            memcpy(&xv, x[row] + i, sizeof xv);
+            acc[row] += av * xv;
+        }
+    }
+    for (int row = 0; row < rows; row++) {
+        float total = 0.0f;
+        for (int j = 0; j < LORA_LANES; j++) total += acc[row][j];
+        for (int k = i; k < n; k++) total += a[k] * x[row][k];
+        out[row] = total;
+    }
+}
+
 /* Rows grouped by slot, in chunks of at most LORA_CHUNK rows of one slot: a chunk reads its slot's A (or a
  * block of B) once for all its rows, from L1, instead of once per row (32 decode rows over 4 adapters read each
  * adapter's weights 8 times less). Each output still sums in the same order, so results are unchanged bit for
@@ -76,8 +118,8 @@ static int lora_chunks(const int64_t *indices, int64_t skip_slot, int rows, int 
     return chunks;
 }
 
-void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const int64_t *indices, int64_t skip_slot,
-                        int rows, int rank, int dim, float *out, int num_threads) {
+void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const float *a, const int64_t *indices,
+                        int64_t skip_slot, int rows, int rank, int dim, float *out, int num_threads) {
     int *order = malloc(sizeof(int) * ((size_t)rows * 2 + 1)), *chunk_start = order + rows;
     for (int t = 0; t < rows; t++)
         if (indices[t] == skip_slot) memset(out + (int64_t)t * rank, 0, sizeof(float) * rank);
@@ -87,11 +129,69 @@ void tandem_lora_shrink(const float *x, int64_t x_stride, const float *a, const 
     for (int c = 0; c < chunks; c++) {
         const int *mine = order + chunk_start[c], n = chunk_start[c + 1] - chunk_start[c];
         const float *pool = a + indices[mine[0]] * rank * (int64_t)dim;
-        for (int r = 0; r < rank; r++)
-            for (int i = 0; i < n; i++)
-                out[(int64_t)mine[i] * rank + r] = lora_dot(pool + (int64_t)r * dim, x + mine[i] * x_stride, dim);
+        /* bfloat16 rows are widened (exactly) once per chunk, not once per rank row, nor by a float32 copy of x. */
+        float *wide = x_bf16 ? malloc(sizeof(float) * (size_t)n * dim) : NULL;
+        for (int i = 0; wide && i < n; i++) {
+            const uint16_t *row = (const uint16_t *)x + mine[i] * x_stride;
+            for (int k = 0; k < dim; k++) wide[(int64_t)i * dim + k] = lora_bf16_load(row + k);
+        }
+        for (int i0 = 0; i0 < n; i0 += LORA_DOT_ROWS) {
+            const int m = n - i0 < LORA_DOT_ROWS ? n - i0 : LORA_DOT_ROWS;
+            const float *rows_x[LORA_DOT_ROWS];
+            for (int i = 0; i < LORA_DOT_ROWS; i++) {
+                const int row = i0 + (i < m ? i : m - 1);
+                rows_x[i] = wide ? wide + (int64_t)row * dim : (const float *)x + mine[row] * x_stride;
+            }
+            for (int r = 0; r < rank; r++) {
+                const float *row_a = pool + (int64_t)r * dim;
+                float dots[LORA_DOT_ROWS];
+                if (LORA_DOT_ROWS == 1 || m == 1)  /* one row (batch 1): padded rows would only cost loads */
+                    dots[0] = lora_dot(row_a, rows_x[0], dim);
+                else if (m == 2)
+                    lora_dots(row_a, rows_x, dim, dots, 2);
+                else if (m <= 4)
+                    lora_dots(row_a, rows_x, dim, dots, 4);
+                else
+                    lora_dots(row_a, rows_x, dim, dots, LORA_DOT_ROWS);
+                for (int i = 0; i < m; i++) out[(int64_t)mine[i0 + i] * rank + r] = dots[i];
+            }
+        }
+        free(wide);
     }
     free(order);
+}
+
+/* delta[i][n] = bias[n] + sum_r s_i[r] B[r, n] for `rows` rows (1, or LORA_EXPAND_ROWS sharing B's reads as
+ * independent chains) over one block of `width` features. Each output is the bias plus its terms in order of r,
+ * however many rows. Full blocks of the blocked path keep their sums in registers (vector extension). */
+static inline void lora_expand_rows(const float *const *rows_s, const float *pool, const float *add, int rank,
+                                    int out_features, int width, float (*delta)[LORA_BLOCK_N], const int rows) {
+    if (rows > 1 && width == LORA_BLOCK_N) {
+        enum { VECS = LORA_BLOCK_N / LORA_LANES };
+        lora_v16 acc[LORA_EXPAND_ROWS][VECS], wv[VECS];
+        for (int v = 0; v < VECS; v++) memcpy(&wv[v], add + v * LORA_LANES, sizeof wv[v]);
+        for (int i = 0; i < LORA_EXPAND_ROWS; i++)
+            for (int v = 0; v < VECS; v++) acc[i][v] = wv[v];
+        for (int r = 0; r < rank; r++) {
+            const float *w = pool + (int64_t)r * out_features;
+            for (int v = 0; v < VECS; v++) memcpy(&wv[v], w + v * LORA_LANES, sizeof wv[v]);
+            for (int i = 0; i < LORA_EXPAND_ROWS; i++) {
+                const float sv = rows_s[i][r];
+                for (int v = 0; v < VECS; v++) acc[i][v] += sv * wv[v];
+            }
+        }
+        memcpy(delta, acc, sizeof acc);
+        return;
+    }
+    for (int i = 0; i < rows; i++)
+        for (int n = 0; n < width; n++) delta[i][n] = add[n];
+    for (int r = 0; r < rank; r++) {
+        const float *w = pool + (int64_t)r * out_features;
+        for (int i = 0; i < rows; i++) {
+            const float sv = rows_s[i][r];
+            for (int n = 0; n < width; n++) delta[i][n] += sv * w[n];
+        }
+    }
 }
 
 void tandem_lora_expand(const float *s, const float *b, const float *bias, const int64_t *indices, int64_t skip_slot,
@@ -106,25 +206,26 @@ void tandem_lora_expand(const float *s, const float *b, const float *bias, const
     for (int64_t task = 0; task < tasks; task++) {
         const int c = (int)(task / blocks), n0 = (int)(task % blocks) * LORA_BLOCK_N;
         const int n1 = n0 + LORA_BLOCK_N < out_features ? n0 + LORA_BLOCK_N : out_features;
-        const int *mine = order + chunk_start[c], count = chunk_start[c + 1] - chunk_start[c];
+        const int *mine = order + chunk_start[c], count = chunk_start[c + 1] - chunk_start[c], width = n1 - n0;
         const int64_t slot = indices[mine[0]];
-        const float *pool = b + slot * (int64_t)rank * out_features, *add = bias + slot * out_features;
-        for (int i = 0; i < count; i++) {
-            const int t = mine[i];
-            const float *sr = s + (int64_t)t * rank;
-            float delta[LORA_BLOCK_N];
-            for (int n = n0; n < n1; n++) delta[n - n0] = add[n];
-            for (int r = 0; r < rank; r++) {
-                const float sv = sr[r], *w = pool + (int64_t)r * out_features;
-                for (int n = n0; n < n1; n++) delta[n - n0] += sv * w[n];
-            }
-            for (int n = n0; n < n1; n++) {
+        const float *pool = b + slot * (int64_t)rank * out_features + n0, *add = bias + slot * out_features + n0;
+        for (int i0 = 0; i0 < count; i0 += LORA_EXPAND_ROWS) {
+            const int m = count - i0 < LORA_EXPAND_ROWS ? count - i0 : LORA_EXPAND_ROWS;
+            const float *rows_s[LORA_EXPAND_ROWS];
+            for (int i = 0; i < LORA_EXPAND_ROWS; i++) rows_s[i] = s + (int64_t)mine[i0 + (i < m ? i : m - 1)] * rank;
+            float delta[LORA_EXPAND_ROWS][LORA_BLOCK_N];
+            if (m == 1)  /* batch 1 (and a last odd row): padded rows would only add work */
+                lora_expand_rows(rows_s, pool, add, rank, out_features, width, delta, 1);
+            else
+                lora_expand_rows(rows_s, pool, add, rank, out_features, width, delta, LORA_EXPAND_ROWS);
+            for (int i = 0; i < m; i++) {
+                const int64_t t = mine[i0 + i];
                 if (y_bf16) {
-                    uint16_t *p = (uint16_t *)y + t * y_stride + n;
-                    *p = lora_bf16_store(lora_bf16_load(p) + delta[n - n0]);
+                    uint16_t *p = (uint16_t *)y + t * y_stride + n0;
+                    for (int n = 0; n < width; n++) p[n] = lora_bf16_store(lora_bf16_load(p + n) + delta[i][n]);
                 } else {
-                    float *p = (float *)y + t * y_stride + n;
-                    *p += delta[n - n0];
+                    float *p = (float *)y + t * y_stride + n0;
+                    for (int n = 0; n < width; n++) p[n] += delta[i][n];
                 }
             }
         }

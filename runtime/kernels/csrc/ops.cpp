@@ -575,7 +575,7 @@ void lora_indices(const Args &args, const Tensor &indices, int64_t rows, int64_t
 
 void lora_shrink(const Tensor &x, const Tensor &lora_a, const Tensor &indices, const Tensor &out) {
   const Args args("lora_shrink");
-  args.tensor("x", x, {ScalarType::Float}, 2);
+  args.tensor("x", x, kNative, 2);
   args.contiguous_from("x", x, 1);
   args.tensor("lora_a", lora_a, {ScalarType::Float}, 3);
   args.contiguous("lora_a", lora_a);
@@ -584,7 +584,7 @@ void lora_shrink(const Tensor &x, const Tensor &lora_a, const Tensor &indices, c
   args.tensor("out", out, {ScalarType::Float}, 2);
   args.shape("out", out, {x.size(0), lora_a.size(1)});
   args.contiguous("out", out);
-  tandem_lora_shrink(x.data_ptr<float>(), x.stride(0), lora_a.data_ptr<float>(), indices.data_ptr<int64_t>(),
+  tandem_lora_shrink(x.data_ptr(), bf16(x), x.stride(0), lora_a.data_ptr<float>(), indices.data_ptr<int64_t>(),
                      lora_a.size(0) - 1, args.count("x", x.size(0)), args.count("lora_a", lora_a.size(1)),
                      args.count("x", x.size(1)), out.data_ptr<float>(), threads());
 }
