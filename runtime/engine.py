@@ -21,6 +21,7 @@ from runtime.cache.manager import CacheManager
 from runtime.cache.prefix import PrefixCache, prefix_block_size
 from runtime.lora.request import LoRARequest
 from runtime.config import EngineConfig
+from runtime.distributed.microbatch import MicroBatches, live_part
 from runtime.distributed.runner import TensorParallelRunner
 from runtime.loader import load_tokenizer
 from runtime.models.interface import Feature, Status
@@ -169,6 +170,10 @@ class Engine:
                                                                drafter)
         if spec is not None and spec.method == "mtp":
             self.speculator = MTPSpeculator(config, self.max_model_len, self.runner)
+        # Micro-batches in flight, one per stage; one at a time with a draft model, whose proposer keeps a cache
+        # per running request and drops those it is not asked about (the ones in flight would be).
+        pp = config.pipeline_parallel_size
+        self.microbatches = MicroBatches(self, depth=pp if drafter is None else 1) if pp > 1 else None
 
     def _fit_max_model_len(self) -> int:
         layout, wanted = self.config.cache, self.config.derived_max_model_len
@@ -293,31 +298,48 @@ class Engine:
             self._forget(seq)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self.microbatches)
 
     # The step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, sample; return outputs of finished and streaming requests.
+        """Schedule, run the model once, sample; return outputs of finished and streaming requests. (Pipeline
+        stages: start micro-batches until enough are in flight, and land the oldest.)
 
         An error in one request's sampling or post-processing ends that request alone, with finish
         reason "error"; the others in the step go on as if it had not been there. An error in the
         forward pass raises: the batch ran as one, so no single request can be blamed.
         """
+        if self.microbatches is not None:
+            return self.microbatches.step()  # several steps in flight through the pipeline's stages
+        batch = self._schedule()
+        return self._land(batch, self.runner.run(batch)) if batch else []
+
+    def _schedule(self, busy: frozenset[str] = frozenset(), max_seqs: int | None = None) -> Batch:
+        """The next step's batch, its pages ready; `busy` and `max_seqs`: see Scheduler.schedule."""
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
-        batch = self.scheduler.schedule()
-        assert batch or not self.has_unfinished(), "the scheduler made no progress"
+            self.speculator.propose([s for s in self.scheduler.running if s.request_id not in busy])
+        batch = self.scheduler.schedule(busy, max_seqs)
+        assert batch or busy or not self.scheduler.has_unfinished(), "the scheduler made no progress"
         if not batch:
-            return []
+            return batch
         self._copy_pages()  # cached snapshots into the states of sequences that resume from them
         if self.speculator is not None:
             self.cache.copies.extend(self.speculator.checkpoint(batch, self.cache))
             self._copy_pages()  # drafted sequences' states, in case a draft is rejected
         self.counters.batch_size.observe(len(batch.seqs))
-        seqs, logits, prompt_logits = self.runner.run(batch)
+        return batch
+
+    def _land(self, batch: Batch, results: tuple[list[Sequence], torch.Tensor, list[PromptLogits]]
+              ) -> list[RequestOutput]:
+        """Sample the step's logits and account for it: the outputs of its requests."""
+        seqs, logits, prompt_logits = results
         if self.speculator is not None:
-            self.speculator.observe(batch, self.runner)
+            self.speculator.observe(batch, self.runner)  # the MTP head reads the step's hidden states
+        if any(seq.is_finished for seq in batch.seqs):  # aborted while the step was in flight (micro-batches)
+            if self.speculator is not None:
+                self.speculator.release(batch, self.cache)
+            batch, seqs, logits, prompt_logits = live_part(batch, seqs, logits, prompt_logits)
         verified = self._verify(batch, seqs, logits)
         self.scheduler.update(batch)
         self._copy_pages()  # rejected drafts' states restored; states snapshotted at block boundaries

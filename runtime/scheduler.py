@@ -55,12 +55,15 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> Batch:
+    def schedule(self, busy: frozenset[str] = frozenset(), max_seqs: int | None = None) -> Batch:
+        """The next step. `busy`: request ids whose step is still in flight (pipeline micro-batches), neither
+        scheduled nor preempted; `max_seqs`: sequences in this step at most (a micro-batch's share)."""
         batch = Batch([], [])
         budget = self.limits.max_num_batched_tokens
-        preempted = self._schedule_running(batch, budget)
+        cap = max_seqs if max_seqs is not None else self.limits.max_num_seqs
+        preempted = self._schedule_running(batch, budget, busy, cap)
         if not preempted:
-            self._schedule_waiting(batch, budget - batch.num_tokens)
+            self._schedule_waiting(batch, budget - batch.num_tokens, cap)
         return batch
 
     def _chunk(self, seq: Sequence, budget: int, start: int) -> int:
@@ -80,10 +83,14 @@ class Scheduler:
             n = prefix.chunk_end(seq, start, start + n) - start
         return n
 
-    def _schedule_running(self, batch: Batch, budget: int) -> bool:
+    def _schedule_running(self, batch: Batch, budget: int, busy: frozenset[str], cap: int) -> bool:
+        """Whether pages ran short (then no waiting sequence is admitted this step)."""
         preempted, i = False, 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(batch.seqs) < cap:
             seq = self.running[i]
+            if seq.request_id in busy:
+                i += 1
+                continue
             n = self._chunk(seq, budget, seq.num_computed_tokens)
             if seq.spec_token_ids and not self.cache.can_allocate(seq, n):
                 seq.spec_token_ids = []  # drafts never preempt anyone
@@ -93,6 +100,9 @@ class Scheduler:
                 continue
             while not self.cache.can_allocate(seq, n):
                 victim = self.running[-1]
+                if victim.request_id in busy:  # its step is in flight: `seq` waits for it to land instead
+                    preempted, i = True, i + 1
+                    break
                 self.preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -105,8 +115,9 @@ class Scheduler:
                 i += 1
         return preempted
 
-    def _schedule_waiting(self, batch: Batch, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+    def _schedule_waiting(self, batch: Batch, budget: int, cap: int) -> None:
+        while (self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs
+               and len(batch.seqs) < cap):
             seq = self.waiting[0]
             hit = self.cache.lookup(seq)
             n = self._chunk(seq, budget, hit.num_tokens)

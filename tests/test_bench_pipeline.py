@@ -1,4 +1,5 @@
-"""bench/pipeline.py runs end to end at toy sizes: the measured PP=2 step and the projection beside TP's."""
+"""bench/pipeline.py runs end to end at toy sizes: the measured PP=2 step (one at a time and with micro-batches in
+flight) and the projection beside TP's."""
 
 import re
 import subprocess
@@ -13,7 +14,7 @@ from pipeline import pipeline_traffic  # noqa: E402
 
 def test_pipeline_benchmark_measures_and_projects(tmp_path):
     command = [sys.executable, str(ROOT / "bench" / "pipeline.py"), "--hidden-size", "64", "--layers", "2",
-               "--batch", "2", "--steps", "2"]
+               "--batch", "2", "--steps", "2", "--rounds", "1"]
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1",
            "TANDEM_CPU_COMPILE": "0"}
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
@@ -22,7 +23,10 @@ def test_pipeline_benchmark_measures_and_projects(tmp_path):
     # not the logits (2 x 320 float32).
     assert "sends    1 (0.5 KiB, the hidden states)" in out.stdout
     assert "receives 1 (16 B, the greedy token ids)" in out.stdout
-    assert re.search(r"the bubble is \d+% of the step", out.stdout)
+    # The step timed one step at a time and with two micro-batches in flight, the bubble of each.
+    for label in ("one step at a time", "2 micro-batches in flight"):
+        assert re.search(label + r" +step \d+\.\d+ ms .* the bubble is \d+% of the step", out.stdout)
+    assert re.search(r"load average \d+\.\d before", out.stdout)
     rows = [" ".join(line.split()[:2]) for line in out.stdout.splitlines() if re.search(r"\d+\.\d+ms", line)]
     assert rows == ["PP NVLink", "PP with", "TP NVLink", "PP 100", "PP with", "TP 100"]
 

@@ -15,6 +15,7 @@ import atexit
 import ctypes
 import logging
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -33,6 +34,7 @@ from runtime.options import spell
 logger = logging.getLogger("tandem")
 
 START_TIMEOUT = timedelta(seconds=300)
+CONTROL_TAG = 1  # rank 0's messages, apart from a pipeline stage's hidden states (tag 0) on the same pair
 STOP_TIMEOUT = 10.0  # seconds workers get to leave on their own before they are terminated
 
 
@@ -55,13 +57,40 @@ class Group:
         self.control = dist.new_group(backend="gloo") if backend != "gloo" else None
         self.busy = False  # inside a message's collectives: a stop message then could not pair up
         self._ids = 0
+        self._posted: list[Any] = []  # (work, tensor) of messages still on their way (see `post`)
 
     def next_id(self) -> int:
         self._ids += 1
         return self._ids
 
     def send(self, message: tuple) -> None:
-        dist.broadcast_object_list([message], src=0, group=self.control)
+        self.post(message)
+        self.flush()
+
+    def post(self, message: tuple) -> None:
+        """Send `message` to every worker without waiting for them to take it. Point to point, one send per
+        worker: a collective (gloo's broadcast) returns only once every rank joined it, and a later pipeline
+        stage busy with an earlier micro-batch would hold back the message from the stages before it."""
+        data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
+        size = torch.tensor([len(data)], dtype=torch.long)
+        self._posted = [(w, t) for w, t in self._posted if not w.is_completed()]
+        for rank in range(1, self.world_size):
+            for tensor in (size, data):  # the work keeps its tensor; so does this list, to be sure
+                self._posted.append((dist.isend(tensor, rank, group=self.control, tag=CONTROL_TAG), tensor))
+
+    def flush(self) -> None:
+        """Wait until every worker took every posted message."""
+        posted, self._posted = self._posted, []
+        for work, _ in posted:
+            work.wait()
+
+    def receive(self) -> Any:
+        """A worker's next message from rank 0 (`post`)."""
+        size = torch.empty(1, dtype=torch.long)
+        dist.recv(size, 0, group=self.control, tag=CONTROL_TAG)
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.recv(data, 0, group=self.control, tag=CONTROL_TAG)
+        return pickle.loads(data.numpy().tobytes())
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` (rank 0's first)."""

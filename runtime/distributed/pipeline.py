@@ -159,6 +159,8 @@ def cut_model(model: nn.Module, config: EngineConfig) -> StageModel:
 
 # The stage's model ---------------------------------------------------------------------------------
 
+MAX_SENDS_PENDING = 16  # a stage's hidden states (or logits) sent but not yet taken, at most
+
 class PassLayer(nn.Module):
     """Another stage's decoder layer: the hidden states go through untouched (and unused)."""
 
@@ -201,6 +203,7 @@ class StageModel:
         self.full_names = _parameter_keys(model)  # before anything is cut: the checkpoint's names
         self.inbox: torch.Tensor | None = None
         self.outbox: torch.Tensor | None = None
+        self.sending: list[tuple[Any, torch.Tensor]] = []  # (work, tensor) of sends not yet taken
         _, layers = decoder_layers(model, len(config.cache.layers))
         dtype = DTYPES[config.model_dtype]
         embedding = model.input_embeddings()
@@ -237,6 +240,14 @@ class StageModel:
                 parent, _, child = name.rpartition(".")
                 setattr(model.get_submodule(parent), child, nn.Identity())
                 dropped.append(name)
+
+    def send_later(self, tensor: torch.Tensor, dst: int) -> None:
+        """Send `tensor` to global rank `dst` and go on; it is kept until taken. Every rank runs the steps in the
+        order rank 0 sent them, so each send is taken in turn; a sender more than a few steps ahead waits."""
+        self.sending = [(w, t) for w, t in self.sending if not w.is_completed()]
+        while len(self.sending) >= MAX_SENDS_PENDING:
+            self.sending.pop(0)[0].wait()
+        self.sending.append((state.isend(tensor, dst), tensor))
 
     def _take_input(self, module: nn.Module, args: tuple) -> tuple:
         return (self.inbox, *args[1:])
@@ -293,33 +304,47 @@ def stage_bytes_per_page_id(layout: CacheLayout, layers: range) -> int:
 
 def run_stage(runner: Any, plan: Any) -> torch.Tensor | None:
     """One step on this rank's stage; the logits on rank 0 (received) and on the last stage, else None."""
+    logits = start_stage(runner, plan)
+    if runner.stage_model.place.rank == 0 and not runner.stage_model.place.last:
+        return receive_logits(runner, plan)
+    return logits
+
+
+def start_stage(runner: Any, plan: Any) -> torch.Tensor | None:
+    """This rank's part of a step: receive the previous stage's hidden states, run its layers and pass them on
+    (or, on the last stage, compute the logits and send them to rank 0) without waiting for the next rank to
+    take them, so that a stage can start on the next micro-batch meanwhile. The logits on the last stage."""
     stage, place = runner.stage_model, runner.stage_model.place
     step = runner.inputs(plan, [])
-    num_tokens = len(plan.input_ids)
     if not place.first:
-        stage.inbox = torch.empty(num_tokens, stage.hidden_size, dtype=stage.boundary_dtype, device=runner.device)
+        stage.inbox = torch.empty(len(plan.input_ids), stage.hidden_size, dtype=stage.boundary_dtype,
+                                  device=runner.device)
         state.recv(stage.inbox, place.previous)
     with forward_context(step.context):
         hidden = runner.model(step.input_ids, step.positions)
     stage.inbox = None
-    num_rows = len(plan.logits_indices) + sum(n for *_, n in plan.prompt_rows)
-    vocab_size = runner.model.config.vocab_size
     if not place.last:
         output, stage.outbox = stage.outbox, None
-        state.send(output.to(stage.boundary_dtype).contiguous(), place.next)
-        if place.rank != 0:
-            return None
-        if plan.greedy_ids:
-            ids = torch.empty(num_rows, dtype=torch.long, device=runner.device)
-            state.recv(ids, place.logits_rank)
-            return greedy_logits(ids, vocab_size)
-        logits = torch.empty(num_rows, vocab_size, dtype=torch.float32, device=runner.device)
-        state.recv(logits, place.logits_rank)
-        return logits
+        stage.send_later(output.to(stage.boundary_dtype).contiguous(), place.next)
+        return None
     rows = [step.logits_indices] + [torch.arange(row, row + n, device=runner.device) for _, row, n in plan.prompt_rows]
     logits = runner.model.compute_logits(hidden[torch.cat(rows)])
     if place.rank == place.logits_rank:
-        state.send(greedy_ids(logits) if plan.greedy_ids else logits.contiguous(), 0)
+        stage.send_later(greedy_ids(logits) if plan.greedy_ids else logits.contiguous(), 0)
+    return logits
+
+
+def receive_logits(runner: Any, plan: Any) -> torch.Tensor:
+    """Rank 0: the step's logits from the last stage (or the greedy ids it picked, as logits that give them)."""
+    place = runner.stage_model.place
+    num_rows = len(plan.logits_indices) + sum(n for *_, n in plan.prompt_rows)
+    vocab_size = runner.model.config.vocab_size
+    if plan.greedy_ids:
+        ids = torch.empty(num_rows, dtype=torch.long, device=runner.device)
+        state.recv(ids, place.logits_rank)
+        return greedy_logits(ids, vocab_size)
+    logits = torch.empty(num_rows, vocab_size, dtype=torch.float32, device=runner.device)
+    state.recv(logits, place.logits_rank)
     return logits
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
-from typing import Any
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,7 +27,7 @@ from runtime.distributed.sharding import check_sharding
 from runtime.dtypes import DTYPES
 from runtime.loader import default_dtype
 from runtime.quant import parallel as quant_parallel
-from runtime.runner import ModelRunner, PromptLogits, plan_step, split_logits
+from runtime.runner import ModelRunner, PromptLogits, StepPlan, plan_step, split_logits
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
 
@@ -82,6 +85,15 @@ def serve_torchrun_rank(config: EngineConfig) -> int:
     raise AssertionError("only rank 0 of a torchrun group leads it")
 
 
+@dataclass
+class InFlight:
+    """A pipeline step submitted and not yet collected: its plan and whose logits it brings."""
+
+    plan: StepPlan
+    sample_seqs: list[Sequence]
+    prompt_seqs: list[Sequence]
+
+
 class TensorParallelRunner:
     """Rank 0's runner of a group: tensor parallelism, pipeline parallelism or both (the stages run each
     step in turn; rank 0, the first stage's first rank, receives the logits)."""
@@ -98,6 +110,7 @@ class TensorParallelRunner:
             raise ValueError("loading the model failed on " + "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors)
                                                                          if e))
         self.local = local
+        self.in_flight: deque[InFlight] = deque()  # pipeline steps submitted, not yet collected
         logger.info("parallel: rank 0 of %d (tensor %d x pipeline %d), %s", tp, config.tensor_parallel_size,
                     config.pipeline_parallel_size, backend_for(config.device))
 
@@ -112,20 +125,48 @@ class TensorParallelRunner:
         return seqs, logits
 
     def run(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
+        if self.stage_model is not None:
+            return self.collect(self.submit(batch))
         local = self.local
         plan, sample_seqs, prompt_seqs = plan_step(batch, local.layout.num_attention_groups,
                                                    local.layout.num_state_groups)
-        if self.stage_model is not None:
-            plan.greedy_ids = pipeline.greedy_ids_suffice(plan, sample_seqs)
-        self.group.busy = True
-        try:
+        with self._watched():
             self.group.send(("execute", self.engine_id, plan))
             logits = local.execute_plan(plan)
+        return split_logits(logits, plan, sample_seqs, prompt_seqs)
+
+    def submit(self, batch: Batch) -> InFlight:
+        """Pipeline parallelism: start a step (every rank gets its plan, rank 0 runs the first stage and passes
+        the hidden states on) and return without waiting for its logits; `collect` them, in order."""
+        local = self.local
+        plan, sample_seqs, prompt_seqs = plan_step(batch, local.layout.num_attention_groups,
+                                                   local.layout.num_state_groups)
+        plan.greedy_ids = pipeline.greedy_ids_suffice(plan, sample_seqs)
+        with self._watched():
+            self.group.post(("execute", self.engine_id, plan))
+            with torch.inference_mode():
+                pipeline.start_stage(local, plan)
+        flight = InFlight(plan, sample_seqs, prompt_seqs)
+        self.in_flight.append(flight)
+        return flight
+
+    def collect(self, flight: InFlight) -> tuple[list[Sequence], torch.Tensor, list[PromptLogits]]:
+        """The logits of `flight`, the oldest step in flight, from the last stage."""
+        assert self.in_flight and self.in_flight[0] is flight, "micro-batches are collected in the order submitted"
+        with self._watched():
+            logits = pipeline.receive_logits(self.local, flight.plan)
+        self.in_flight.popleft()
+        return split_logits(logits, flight.plan, flight.sample_seqs, flight.prompt_seqs)
+
+    @contextmanager
+    def _watched(self) -> Iterator[None]:
+        self.group.busy = True
+        try:
+            yield
         except Exception as err:
             self._lost(err)
             raise
         self.group.busy = False
-        return split_logits(logits, plan, sample_seqs, prompt_seqs)
 
     def _lost(self, err: Exception) -> None:
         """A step failed in the group's messages: if a rank is gone, stop the rest and say which one."""
@@ -150,12 +191,16 @@ class TensorParallelRunner:
         return self.group.gather(pipeline.describe(self.local))
 
     def copy_pages(self, copies: list[tuple[int, int]]) -> None:
-        self.group.send(("copy", self.engine_id, copies))
+        # Posted, not waited for: a stage still busy with a step in flight copies after it, as rank 0 does.
+        with self._watched():
+            self.group.post(("copy", self.engine_id, copies))
         self.local.copy_pages(copies)
 
     def shutdown(self) -> None:
         """Free the workers' shards of this engine's model (the group stays, for the next engine)."""
         if current() is self.group and "local" in self.__dict__:
+            while self.in_flight:  # their logits are on their way to rank 0: taken, so none is left behind
+                self.collect(self.in_flight[0])
             self.group.send(("unload", self.engine_id))
             del self.__dict__["local"]
 

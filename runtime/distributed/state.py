@@ -111,6 +111,13 @@ def send(tensor: torch.Tensor, dst: int) -> None:
         dist.send(tensor, dst=dst)
 
 
+def isend(tensor: torch.Tensor, dst: int) -> Any:
+    """`send` without waiting for `dst` to take it (gloo's send waits for the matching receive): the work, which
+    the caller keeps, with `tensor`, until it completes. The time recorded is the posting's."""
+    with _timed("send", tensor):
+        return dist.isend(tensor, dst=dst)
+
+
 def recv(tensor: torch.Tensor, src: int) -> torch.Tensor:
     """Fill `tensor` from global rank `src`; the time includes waiting for the sender to get there."""
     with _timed("recv", tensor):

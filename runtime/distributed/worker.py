@@ -39,9 +39,7 @@ def serve_forever(group: Group, local_rank: int) -> None:
 
     runners: dict[int, Any] = {}
     while True:
-        message: list[Any] = [None]
-        dist.broadcast_object_list(message, src=0, group=group.control)
-        kind, *args = message[0]
+        kind, *args = group.receive()
         if kind == "stop":
             return
         if kind == "load":

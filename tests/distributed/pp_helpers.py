@@ -66,12 +66,21 @@ def checkpoint(tiny_checkpoint, tmp_path_factory, tokenizer_dir):
     return make
 
 
-def run(directory, pages, **sizes):
-    """Greedy tokens of PROMPTS, the preemptions, the prompts' ids and the engine's steps."""
+# The last `run`'s most micro-batches in flight at once (runtime.distributed.microbatch; 0 without stages).
+LAST_RUN = {"most_in_flight": 0}
+
+
+def run(directory, pages, microbatches=None, **sizes):
+    """Greedy tokens of PROMPTS, the preemptions and the prompts' ids. `microbatches`: the most steps in flight
+    through the stages (the engine's default: one per stage)."""
     llm = LLM(directory, dtype="float32", max_model_len=MAX_MODEL_LEN, num_pages=pages,
               max_num_batched_tokens=STEP_TOKENS, **sizes)
     try:
+        if microbatches is not None:
+            llm.engine.microbatches.depth = microbatches
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        mb = llm.engine.microbatches
+        LAST_RUN["most_in_flight"] = mb.most_in_flight if mb is not None else 0
         cache = llm.engine.cache
         assert cache.num_free_pages == cache.num_pages  # every page back
         ids = [llm.get_tokenizer().encode(p) for p in PROMPTS]

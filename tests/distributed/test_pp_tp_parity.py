@@ -5,7 +5,7 @@ Every architecture on the engine: 94 s for the 18 on a shared two-core machine (
 the module's one group is started once)."""
 
 import pytest
-from pp_helpers import NEW_TOKENS, STEP_TOKENS, cases, checkpoint, one_device_run_that_preempts, \
+from pp_helpers import LAST_RUN, NEW_TOKENS, STEP_TOKENS, cases, checkpoint, one_device_run_that_preempts, \
     run  # noqa: F401 (checkpoint is a fixture)
 from tiny_models import hf_greedy
 
@@ -27,5 +27,9 @@ def test_pp2_tp2_tokens_equal_pp1_and_transformers(name, family, checkpoint):
     assert both == pp1
     assert pp1 == [hf_greedy(hf, prompt, NEW_TOKENS) for prompt in ids]
     if layout.block_size:
-        assert preemptions == preemptions_pp1 > 0
+        # attention pages ran out mid-run: requests were recomputed (micro-batches preempt otherwise than one
+        # step at a time does, so the counts may differ)
+        assert preemptions > 0 and preemptions_pp1 > 0
+    # The two stages overlapped micro-batches (a pool without attention pages holds one sequence here).
+    assert LAST_RUN["most_in_flight"] == (2 if layout.block_size else 1)
     assert max(len(i) for i in ids) > STEP_TOKENS
