@@ -26,8 +26,11 @@
 #include "tandem_cpu.h"
 
 #define QUANT_ROWS 8 /* output features per block */
-#define QUANT_X_ROWS 4 /* rows of x per pass over a block */
-#define QUANT_ACCUMULATORS 8 /* vector accumulators of a block: ROWS x M */
+/* Rows of x per pass over a block, and vector accumulators of a block (ROWS x M). With AVX-512's 32 registers,
+ * passes of 8 rows (16 accumulators) and blocks of 4 x 4 measured no faster than these (2048 x 512 int8 / int4
+ * weights in L2, one thread: 8 rows in one pass 176-185 / 267-309 us, in two of 4 rows 160-175 / 260-300). */
+#define QUANT_X_ROWS 4
+#define QUANT_ACCUMULATORS 8
 
 /* FP8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m * 2^-9). */
 static inline float quant_fp8(uint8_t byte) {
@@ -134,13 +137,16 @@ static inline __attribute__((always_inline)) void quant_load16(const uint8_t *ro
 #endif
 }
 
-/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows (raw values, scaled per group); ROWS * M <= 8
- * vector accumulators, each its own chain of multiply-adds. Inlined where FORMAT, ROWS and M are constants, so
- * each case is unrolled. */
+/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows (raw values, scaled per group); ROWS * M <=
+ * QUANT_ACCUMULATORS vector accumulators, each its own chain of multiply-adds. Inlined where FORMAT, ROWS and M are
+ * constants, so each case is unrolled. With AVX-512, int4 takes two blocks (16 bytes) a step where xperm holds x
+ * in quant_permute's order: one widening gives 16 lanes whose low nibbles are the blocks' values 0-7 and whose
+ * high nibbles are their values 8-15, half the instructions per value of a block at a time. */
 static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, int64_t row_bytes,
                                                               const float *scales, int groups, int group_size,
-                                                              int FORMAT, int64_t n, int K, const float *x, int M,
-                                                              int ROWS, float *dots) {
+                                                              int FORMAT, int64_t n, int K, const float *x,
+                                                              const float *xperm, int M, int ROWS, float *dots) {
+    (void)xperm; /* read by the AVX-512 int4 steps only */
     const int value_bytes = FORMAT == TANDEM_QUANT_INT4 ? 2 : 1; /* values per byte's step in k */
     const float unit = quant_vector_unit(FORMAT);
     quant_vec total[QUANT_ACCUMULATORS];
@@ -154,6 +160,28 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
 #pragma GCC unroll 8
         for (int i = 0; i < ROWS * M; i++) acc[i] = qv_zero();
         int k = k0;
+#if defined(__AVX512F__)
+        const __m512 nibbles = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        if (FORMAT == TANDEM_QUANT_INT4 && xperm) /* two blocks a step, against x in quant_permute's order */
+            for (; k + 32 <= k1; k += 32) {
+#pragma GCC unroll 8
+                for (int r = 0; r < ROWS; r++) {
+                    if (((k / 2) & 63) < 16)
+                        _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / 2), _MM_HINT_T0);
+                    const __m512i bytes =
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + (n + r) * row_bytes + k / 2)));
+                    /* vpermps reads the low 4 bits of each index: a nibble's value in one instruction */
+                    const __m512 low = _mm512_permutexvar_ps(bytes, nibbles);
+                    const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), nibbles);
+#pragma GCC unroll 8
+                    for (int m = 0; m < M; m++) {
+                        const float *xs = xperm + (int64_t)m * K + k;
+                        acc[m * ROWS + r] = qv_fmadd(low, qv_loadu(xs), acc[m * ROWS + r]);
+                        acc[m * ROWS + r] = qv_fmadd(high, qv_loadu(xs + 16), acc[m * ROWS + r]);
+                    }
+                }
+            }
+#endif
         for (; k + 16 <= k1; k += 16) {
 #pragma GCC unroll 8
             for (int r = 0; r < ROWS; r++) {
@@ -163,7 +191,7 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                     _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / value_bytes), _MM_HINT_T0);
                 quant_vec values[QUANT_VECS];
                 quant_load16(w + (n + r) * row_bytes, FORMAT, k, values);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int m = 0; m < M; m++) {
                     const float *xs = x + (int64_t)m * K + k;
 #pragma GCC unroll 2
@@ -190,21 +218,22 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
 }
 
 /* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x, in blocks of
- * ROWS features (8 vector accumulators: 8 x 1, 4 x 2, 2 x 3, 2 x 4) and the rest one at a time. */
+ * ROWS features (see quant_rows for ROWS per M) and the rest one at a time. */
 static inline __attribute__((always_inline)) void quant_tiles(const uint8_t *w, int64_t row_bytes,
                                                               const float *scales, int groups, int group_size,
                                                               int FORMAT, int64_t n, int count, int K,
-                                                              const float *x, int M, int ROWS, float *dots) {
+                                                              const float *x, const float *xperm, int M,
+                                                              int ROWS, float *dots) {
     int r0 = 0;
     for (; r0 + ROWS <= count; r0 += ROWS) {
         float tile[QUANT_ROWS * QUANT_X_ROWS];
-        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, M, ROWS, tile);
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, xperm, M, ROWS, tile);
         for (int m = 0; m < M; m++)
             for (int r = 0; r < ROWS; r++) dots[m * count + r0 + r] = tile[m * ROWS + r];
     }
     for (; r0 < count; r0++) {
         float one[QUANT_X_ROWS];
-        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, M, 1, one);
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, xperm, M, 1, one);
         for (int m = 0; m < M; m++) dots[m * count + r0] = one[m];
     }
 }
@@ -212,26 +241,31 @@ static inline __attribute__((always_inline)) void quant_tiles(const uint8_t *w, 
 static inline __attribute__((always_inline)) void quant_rows(const uint8_t *w, int64_t row_bytes,
                                                              const float *scales, int groups, int group_size,
                                                              int FORMAT, int64_t n, int count, int K,
-                                                             const float *x, int M, float *dots) {
-    switch (M) {
-    case 1: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 1, 8, dots); break;
-    case 2: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 2, 4, dots); break;
-    case 3: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 3, 2, dots); break;
-    default: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 4, 2, dots); break;
+                                                             const float *x, const float *xperm, int M,
+                                                             float *dots) {
+#define QUANT_TILES(ROWS_OF_X, ROWS)                                                                             \
+    quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, xperm, ROWS_OF_X, ROWS, dots)
+    switch (M) { /* 8 accumulators: 8 x 1, 4 x 2, 2 x 3, 2 x 4 */
+    case 1: QUANT_TILES(1, 8); break;
+    case 2: QUANT_TILES(2, 4); break;
+    case 3: QUANT_TILES(3, 2); break;
+    default: QUANT_TILES(4, 2); break;
     }
+#undef QUANT_TILES
 }
 
 static void quant_dots(const uint8_t *w, int format, int64_t row_bytes, const float *scales, int groups,
-                       int group_size, int64_t n, int count, int K, const float *x, int M, float *dots) {
+                       int group_size, int64_t n, int count, int K, const float *x, const float *xperm, int M,
+                       float *dots) {
     switch (format) {
     case TANDEM_QUANT_INT8:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT8, n, count, K, x, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT8, n, count, K, x, NULL, M, dots);
         break;
     case TANDEM_QUANT_INT4:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT4, n, count, K, x, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT4, n, count, K, x, xperm, M, dots);
         break;
     default:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_FP8, n, count, K, x, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_FP8, n, count, K, x, NULL, M, dots);
         break;
     }
 }
@@ -266,7 +300,9 @@ static void quant_expand(const uint8_t *row, int format, const float *scales, in
 #else
 /* The portable path: the same sums, one weight at a time. */
 static void quant_dots(const uint8_t *w, int format, int64_t row_bytes, const float *scales, int groups,
-                       int group_size, int64_t n, int count, int K, const float *x, int M, float *dots) {
+                       int group_size, int64_t n, int count, int K, const float *x, const float *xperm, int M,
+                       float *dots) {
+    (void)xperm;
     for (int r = 0; r < count; r++) {
         const uint8_t *row = w + (n + r) * row_bytes;
         for (int m = 0; m < M; m++) {
@@ -303,9 +339,34 @@ static inline float quant_group_terms(const float *scales, const float *offsets,
     return (sums[0] + sums[1]) + (sums[2] + sums[3]);
 }
 
+/* x's rows in the order of quant_block's int4 steps of two blocks, for each whole 32 values from a multiple of
+ * 32: values 0-7, 16-23 (the blocks' low nibbles), then 8-15, 24-31 (their high nibbles); NULL where the steps
+ * do not run (no AVX-512, not int4, or groups that do not start at multiples of 32). */
+static float *quant_permute(int format, int group_size, const float *x, int M, int K) {
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (format != TANDEM_QUANT_INT4 || (group_size % 32 != 0 && group_size < K) || K < 32) return NULL;
+    static const int order[32] = {0,  1,  2,  3,  4,  5,  6,  7,  16, 17, 18, 19, 20, 21, 22, 23,
+                                  8,  9,  10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    float *out = malloc(sizeof(float) * (size_t)M * (size_t)K);
+    for (int m = 0; m < M; m++) {
+        const float *row = x + (int64_t)m * K;
+        float *to = out + (int64_t)m * K;
+        int k = 0;
+        for (; k + 32 <= K; k += 32)
+            for (int j = 0; j < 32; j++) to[k + j] = row[k + order[j]];
+        for (; k < K; k++) to[k] = row[k];
+    }
+    return out;
+#else
+    (void)format, (void)group_size, (void)x, (void)M, (void)K;
+    return NULL;
+#endif
+}
+
 void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
                        const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
     if (M < 1 || N < 1) return;
+    float *xperm = quant_permute(format, group_size, x, M, K);
     const int64_t row_bytes = quant_row_bytes(format, K);
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
     const int64_t blocks = (N + QUANT_ROWS - 1) / QUANT_ROWS;
@@ -328,9 +389,9 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
         const int count = N - n < QUANT_ROWS ? (int)(N - n) : QUANT_ROWS;
         for (int m0 = 0; m0 < M; m0 += QUANT_X_ROWS) {
             const int rows = M - m0 < QUANT_X_ROWS ? M - m0 : QUANT_X_ROWS;
-            const float *xs = x + (int64_t)m0 * K;
+            const float *xs = x + (int64_t)m0 * K, *xps = xperm ? xperm + (int64_t)m0 * K : NULL;
             float dots[QUANT_ROWS * QUANT_X_ROWS];
-            quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, rows, dots);
+            quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, xps, rows, dots);
             for (int m = 0; m < rows; m++)
                 for (int r = 0; r < count; r++) {
                     float value = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
@@ -343,6 +404,7 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
         }
     }
     free(xsums);
+    free(xperm);
 }
 
 void tandem_quant_dequantize(const uint8_t *w, int format, const float *scales, const float *offsets,
