@@ -81,6 +81,11 @@ typedef __m512 quant_vec;
 #define qv_mul _mm512_mul_ps
 #define qv_add _mm512_add_ps
 static inline float qv_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
+/* bfloat16 0..15, twice: the values of a nibble as vpermw looks them up by 5 bits */
+#define QUANT_NIBBLES_BF16                                                                                         \
+    _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0,      \
+                     0x4080, 0x4040, 0x4000, 0x3f80, 0x0000, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120,      \
+                     0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0x0000)
 #else
 typedef __m256 quant_vec;
 #define QUANT_LANES 8
@@ -145,8 +150,9 @@ static inline __attribute__((always_inline)) void quant_load16(const uint8_t *ro
 static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, int64_t row_bytes,
                                                               const float *scales, int groups, int group_size,
                                                               int FORMAT, int64_t n, int K, const float *x,
-                                                              const float *xperm, int M, int ROWS, float *dots) {
-    (void)xperm; /* read by the AVX-512 int4 steps only */
+                                                              const float *xperm, const uint16_t *xbf, int M,
+                                                              int ROWS, float *dots) {
+    (void)xperm, (void)xbf; /* read by the AVX-512 int4 steps only */
     const int value_bytes = FORMAT == TANDEM_QUANT_INT4 ? 2 : 1; /* values per byte's step in k */
     const float unit = quant_vector_unit(FORMAT);
     quant_vec total[QUANT_ACCUMULATORS];
@@ -161,6 +167,31 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
         for (int i = 0; i < ROWS * M; i++) acc[i] = qv_zero();
         int k = k0;
 #if defined(__AVX512F__)
+#if defined(__AVX512BF16__)
+        /* four blocks a step in bfloat16, against x in quant_pack_bf16's order */
+        if (FORMAT == TANDEM_QUANT_INT4 && xbf)
+            for (; k + 64 <= k1; k += 64) {
+#pragma GCC unroll 8
+                for (int r = 0; r < ROWS; r++) {
+                    if (((k / 2) & 63) == 0)
+                        _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / 2), _MM_HINT_T0);
+                    const __m512i bytes = _mm512_cvtepu8_epi16(
+                        _mm256_loadu_si256((const __m256i *)(w + (n + r) * row_bytes + k / 2)));
+                    /* vpermw reads the low 5 bits of each index: the table repeats its 16 values */
+                    const __m512bh low = (__m512bh)_mm512_permutexvar_epi16(bytes, QUANT_NIBBLES_BF16);
+                    const __m512bh high =
+                        (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), QUANT_NIBBLES_BF16);
+#pragma GCC unroll 8
+                    for (int m = 0; m < M; m++) {
+                        const uint16_t *xs = xbf + (int64_t)m * K + k;
+                        acc[m * ROWS + r] = _mm512_dpbf16_ps(acc[m * ROWS + r], low,
+                                                             (__m512bh)_mm512_loadu_si512((const void *)xs));
+                        acc[m * ROWS + r] = _mm512_dpbf16_ps(acc[m * ROWS + r], high,
+                                                             (__m512bh)_mm512_loadu_si512((const void *)(xs + 32)));
+                    }
+                }
+            }
+#endif
         const __m512 nibbles = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
         if (FORMAT == TANDEM_QUANT_INT4 && xperm) /* two blocks a step, against x in quant_permute's order */
             for (; k + 32 <= k1; k += 32) {
@@ -222,18 +253,19 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
 static inline __attribute__((always_inline)) void quant_tiles(const uint8_t *w, int64_t row_bytes,
                                                               const float *scales, int groups, int group_size,
                                                               int FORMAT, int64_t n, int count, int K,
-                                                              const float *x, const float *xperm, int M,
+                                                              const float *x, const float *xperm,
+                                                              const uint16_t *xbf, int M,
                                                               int ROWS, float *dots) {
     int r0 = 0;
     for (; r0 + ROWS <= count; r0 += ROWS) {
         float tile[QUANT_ROWS * QUANT_X_ROWS];
-        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, xperm, M, ROWS, tile);
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, xperm, xbf, M, ROWS, tile);
         for (int m = 0; m < M; m++)
             for (int r = 0; r < ROWS; r++) dots[m * count + r0 + r] = tile[m * ROWS + r];
     }
     for (; r0 < count; r0++) {
         float one[QUANT_X_ROWS];
-        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, xperm, M, 1, one);
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, xperm, xbf, M, 1, one);
         for (int m = 0; m < M; m++) dots[m * count + r0] = one[m];
     }
 }
@@ -241,10 +273,11 @@ static inline __attribute__((always_inline)) void quant_tiles(const uint8_t *w, 
 static inline __attribute__((always_inline)) void quant_rows(const uint8_t *w, int64_t row_bytes,
                                                              const float *scales, int groups, int group_size,
                                                              int FORMAT, int64_t n, int count, int K,
-                                                             const float *x, const float *xperm, int M,
+                                                             const float *x, const float *xperm,
+                                                             const uint16_t *xbf, int M,
                                                              float *dots) {
 #define QUANT_TILES(ROWS_OF_X, ROWS)                                                                             \
-    quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, xperm, ROWS_OF_X, ROWS, dots)
+    quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, xperm, xbf, ROWS_OF_X, ROWS, dots)
     switch (M) { /* 8 accumulators: 8 x 1, 4 x 2, 2 x 3, 2 x 4 */
     case 1: QUANT_TILES(1, 8); break;
     case 2: QUANT_TILES(2, 4); break;
@@ -255,17 +288,18 @@ static inline __attribute__((always_inline)) void quant_rows(const uint8_t *w, i
 }
 
 static void quant_dots(const uint8_t *w, int format, int64_t row_bytes, const float *scales, int groups,
-                       int group_size, int64_t n, int count, int K, const float *x, const float *xperm, int M,
-                       float *dots) {
+                       int group_size, int64_t n, int count, int K, const float *x, const float *xperm,
+                       const uint16_t *xbf, int M, float *dots) {
     switch (format) {
     case TANDEM_QUANT_INT8:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT8, n, count, K, x, NULL, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT8, n, count, K, x, NULL, NULL, M, dots);
         break;
     case TANDEM_QUANT_INT4:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT4, n, count, K, x, xperm, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT4, n, count, K, x, xperm, xbf, M,
+                   dots);
         break;
     default:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_FP8, n, count, K, x, NULL, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_FP8, n, count, K, x, NULL, NULL, M, dots);
         break;
     }
 }
@@ -300,9 +334,9 @@ static void quant_expand(const uint8_t *row, int format, const float *scales, in
 #else
 /* The portable path: the same sums, one weight at a time. */
 static void quant_dots(const uint8_t *w, int format, int64_t row_bytes, const float *scales, int groups,
-                       int group_size, int64_t n, int count, int K, const float *x, const float *xperm, int M,
-                       float *dots) {
-    (void)xperm;
+                       int group_size, int64_t n, int count, int K, const float *x, const float *xperm,
+                       const uint16_t *xbf, int M, float *dots) {
+    (void)xperm, (void)xbf;
     for (int r = 0; r < count; r++) {
         const uint8_t *row = w + (n + r) * row_bytes;
         for (int m = 0; m < M; m++) {
@@ -363,10 +397,43 @@ static float *quant_permute(int format, int group_size, const float *x, int M, i
 #endif
 }
 
+/* x's rows as bfloat16 in the order of quant_block's int4 steps of four blocks, for each whole 64 values from a
+ * multiple of 64: the 32 bytes' low nibbles (values 0-7, 16-23, 32-39, 48-55), then their high ones; NULL where
+ * those steps do not run (no AVX-512 BF16, not int4, groups that do not start at multiples of 64) or where a value
+ * of x is not a bfloat16 (a float32 model): bfloat16 products are exact in float32, so with a bfloat16 model's
+ * activations the steps sum what the float32 ones do. */
+static uint16_t *quant_pack_bf16(int format, int group_size, const float *x, int M, int K) {
+#if defined(__AVX512BF16__)
+    if (format != TANDEM_QUANT_INT4 || (group_size % 64 != 0 && group_size < K) || K < 64) return NULL;
+    const uint32_t *bits = (const uint32_t *)x;
+    uint32_t low_bits = 0;
+    for (int64_t i = 0; i < (int64_t)M * K; i++) low_bits |= bits[i] & 0xffff;
+    if (low_bits) return NULL;
+    uint16_t *out = malloc(sizeof(uint16_t) * (size_t)M * (size_t)K);
+    for (int m = 0; m < M; m++) {
+        const uint32_t *row = bits + (int64_t)m * K;
+        uint16_t *to = out + (int64_t)m * K;
+        int k = 0;
+        for (; k + 64 <= K; k += 64)
+            for (int j = 0; j < 32; j++) {
+                const int value = 16 * (j / 8) + j % 8; /* byte j's low nibble; its high one is 8 further */
+                to[k + j] = (uint16_t)(row[k + value] >> 16);
+                to[k + 32 + j] = (uint16_t)(row[k + value + 8] >> 16);
+            }
+        for (; k < K; k++) to[k] = (uint16_t)(row[k] >> 16);
+    }
+    return out;
+#else
+    (void)format, (void)group_size, (void)x, (void)M, (void)K;
+    return NULL;
+#endif
+}
+
 void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
                        const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
     if (M < 1 || N < 1) return;
     float *xperm = quant_permute(format, group_size, x, M, K);
+    uint16_t *xbf = quant_pack_bf16(format, group_size, x, M, K);
     const int64_t row_bytes = quant_row_bytes(format, K);
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
     const int64_t blocks = (N + QUANT_ROWS - 1) / QUANT_ROWS;
@@ -390,8 +457,9 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
         for (int m0 = 0; m0 < M; m0 += QUANT_X_ROWS) {
             const int rows = M - m0 < QUANT_X_ROWS ? M - m0 : QUANT_X_ROWS;
             const float *xs = x + (int64_t)m0 * K, *xps = xperm ? xperm + (int64_t)m0 * K : NULL;
+            const uint16_t *xbs = xbf ? xbf + (int64_t)m0 * K : NULL;
             float dots[QUANT_ROWS * QUANT_X_ROWS];
-            quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, xps, rows, dots);
+            quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, xps, xbs, rows, dots);
             for (int m = 0; m < rows; m++)
                 for (int r = 0; r < count; r++) {
                     float value = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
@@ -405,6 +473,7 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
     }
     free(xsums);
     free(xperm);
+    free(xbf);
 }
 
 void tandem_quant_dequantize(const uint8_t *w, int format, const float *scales, const float *offsets,
