@@ -69,9 +69,11 @@ def weight_bytes(parts: tuple) -> int:
     return sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
 
 
-def decode(n: int, k: int, stream_mb: int, repeats: int, m: int = 1, only: list[str] | None = None) -> None:
-    """The cases take turns, repeat by repeat, so that each sees the machine's other work alike; m rows of x."""
-    x = torch.randn(m, k)
+def decode(n: int, k: int, stream_mb: int, repeats: int, m: int = 1, only: list[str] | None = None,
+           activations: torch.dtype = torch.float32) -> None:
+    """The cases take turns, repeat by repeat, so that each sees the machine's other work alike; m rows of x, of
+    the model's dtype `activations` (a bfloat16 model's x lets int4 run in bfloat16 where the CPU has it)."""
+    x = torch.randn(m, k).to(activations)
     base = torch.randn(n, k)
     runs, sizes = {}, {}
     one = base.to(torch.bfloat16)
@@ -93,7 +95,7 @@ def decode(n: int, k: int, stream_mb: int, repeats: int, m: int = 1, only: list[
     for _ in range(repeats):
         for name, (run, count) in runs.items():
             best[name] = min(best[name], best_seconds(run, 1) / count)
-    print(f"decode, {m} row(s), N={n} K={k}: GB/s of weight bytes read (weights cycled past {stream_mb} MB)")
+    print(f"decode, {m} row(s) of {activations}, N={n} K={k}: GB/s of weight bytes read (weights cycled past {stream_mb} MB)")
     for name, seconds in best.items():
         if name == "copy":
             print(f"  copy of {stream_mb} MB: {sizes[name] / seconds / 1e9:6.1f} GB/s read (as much written)")
@@ -122,6 +124,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=2048, help="N = K")
     parser.add_argument("--shapes", nargs="+", default=None, help="NxK weight shapes (instead of --size)")
     parser.add_argument("--decode-rows", type=int, nargs="+", default=[1], help="rows of x in decode")
+    parser.add_argument("--activations", choices=["float32", "bfloat16"], default="float32",
+                        help="x's dtype in decode (a bfloat16 model's)")
     parser.add_argument("--formats", nargs="+", default=None, help="decode only these formats (e.g. int8 int4)")
     parser.add_argument("--rows", type=int, nargs="*", default=[16, 128, 512], help="prefill batches")
     parser.add_argument("--stream-mb", type=int, default=128)
@@ -138,7 +142,7 @@ def main() -> None:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else [(args.size,) * 2]
     for n, k in shapes:
         for m in args.decode_rows:
-            decode(n, k, args.stream_mb, args.repeats, m, args.formats)
+            decode(n, k, args.stream_mb, args.repeats, m, args.formats, getattr(torch, args.activations))
         if args.rows:
             prefill(n, k, args.rows, args.repeats)
 

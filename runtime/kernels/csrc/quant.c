@@ -81,11 +81,11 @@ typedef __m512 quant_vec;
 #define qv_mul _mm512_mul_ps
 #define qv_add _mm512_add_ps
 static inline float qv_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
-/* bfloat16 0..15, twice: the values of a nibble as vpermw looks them up by 5 bits */
+/* bfloat16 q = u - 8 for each nibble u, twice: the values of a nibble as vpermw looks them up by 5 bits */
 #define QUANT_NIBBLES_BF16                                                                                         \
-    _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0,      \
-                     0x4080, 0x4040, 0x4000, 0x3f80, 0x0000, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120,      \
-                     0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0x0000)
+    _mm512_set_epi16(0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0x0000, 0xbf80, 0xc000, 0xc040,      \
+                     0xc080, 0xc0a0, 0xc0c0, 0xc0e0, 0xc100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000,      \
+                     0x3f80, 0x0000, 0xbf80, 0xc000, 0xc040, 0xc080, 0xc0a0, 0xc0c0, 0xc0e0, 0xc100)
 #else
 typedef __m256 quant_vec;
 #define QUANT_LANES 8
@@ -192,7 +192,8 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                 }
             }
 #endif
-        const __m512 nibbles = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        /* q = u - 8 of each nibble u: no shift to add back for these steps, whose sums then do not cancel */
+        const __m512 nibbles = _mm512_set_ps(7, 6, 5, 4, 3, 2, 1, 0, -1, -2, -3, -4, -5, -6, -7, -8);
         if (FORMAT == TANDEM_QUANT_INT4 && xperm) /* two blocks a step, against x in quant_permute's order */
             for (; k + 32 <= k1; k += 32) {
 #pragma GCC unroll 8
@@ -361,16 +362,33 @@ static void quant_expand(const uint8_t *row, int format, const float *scales, in
 }
 #endif
 
-/* What each group adds besides its scaled raw values: offset + shift * scale, times the group's sum of x. */
+/* What each group adds besides its scaled raw values: offset times the group's sum of x (xsums), and shift *
+ * scale times the sum of x over the part of the group summed as raw values (xshift). */
 static inline float quant_group_terms(const float *scales, const float *offsets, float shift, int groups,
-                                      const float *xsums) {
+                                      const float *xsums, const float *xshift) {
     float sums[4] = {0};
     int g = 0;
     for (; g + 4 <= groups; g += 4)
         for (int j = 0; j < 4; j++)
-            sums[j] += ((offsets ? offsets[g + j] : 0.0f) + shift * scales[g + j]) * xsums[g + j];
-    for (; g < groups; g++) sums[0] += ((offsets ? offsets[g] : 0.0f) + shift * scales[g]) * xsums[g];
+            sums[j] += (offsets ? offsets[g + j] * xsums[g + j] : 0.0f) +
+                       (xshift ? shift * scales[g + j] * xshift[g + j] : 0.0f);
+    for (; g < groups; g++)
+        sums[0] += (offsets ? offsets[g] * xsums[g] : 0.0f) + (xshift ? shift * scales[g] * xshift[g] : 0.0f);
     return (sums[0] + sums[1]) + (sums[2] + sums[3]);
+}
+
+/* Each row's sum of x per group over [k0 + skip(group length), k1), in a new (M, groups) array. */
+static float *quant_x_sums(const float *x, int M, int K, int group_size, int groups, int skip_steps_of) {
+    float *sums = malloc(sizeof(float) * (size_t)M * (size_t)(groups > 0 ? groups : 1));
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < groups; g++) {
+            const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
+            const int from = skip_steps_of ? k0 + (k1 - k0) / skip_steps_of * skip_steps_of : k0;
+            float sum = 0.0f;
+            for (int k = from; k < k1; k++) sum += x[(int64_t)m * K + k];
+            sums[(int64_t)m * groups + g] = sum;
+        }
+    return sums;
 }
 
 /* x's rows in the order of quant_block's int4 steps of two blocks, for each whole 32 values from a multiple of
@@ -438,18 +456,10 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
     const int64_t blocks = (N + QUANT_ROWS - 1) / QUANT_ROWS;
     const float shift = quant_shift(format);
-    /* Each row's sum of x per group, for the offsets and int4's shift. */
-    float *xsums = NULL;
-    if (offsets || shift != 0.0f) {
-        xsums = malloc(sizeof(float) * (size_t)M * (size_t)(groups > 0 ? groups : 1));
-        for (int m = 0; m < M; m++)
-            for (int g = 0; g < groups; g++) {
-                const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
-                float sum = 0.0f;
-                for (int k = k0; k < k1; k++) sum += x[(int64_t)m * K + k];
-                xsums[(int64_t)m * groups + g] = sum;
-            }
-    }
+    /* The offsets' sums of x over whole groups; int4's shift only over what the steps of one block and the
+     * single values sum as q + 8 (the steps of two and four blocks look q up directly). */
+    float *xsums = offsets ? quant_x_sums(x, M, K, group_size, groups, 0) : NULL;
+    float *xshift = shift != 0.0f ? quant_x_sums(x, M, K, group_size, groups, xperm ? 32 : 0) : NULL;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t block = 0; block < blocks; block++) {
         const int64_t n = block * QUANT_ROWS;
@@ -463,15 +473,17 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
             for (int m = 0; m < rows; m++)
                 for (int r = 0; r < count; r++) {
                     float value = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
-                    if (xsums)
+                    if (xsums || xshift)
                         value += quant_group_terms(scales + (n + r) * groups,
                                                    offsets ? offsets + (n + r) * groups : NULL, shift, groups,
-                                                   xsums + (int64_t)(m0 + m) * groups);
+                                                   xsums ? xsums + (int64_t)(m0 + m) * groups : NULL,
+                                                   xshift ? xshift + (int64_t)(m0 + m) * groups : NULL);
                     y[(int64_t)(m0 + m) * N + n + r] = value;
                 }
         }
     }
     free(xsums);
+    free(xshift);
     free(xperm);
     free(xbf);
 }
