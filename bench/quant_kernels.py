@@ -95,7 +95,8 @@ def decode(n: int, k: int, stream_mb: int, repeats: int, m: int = 1, only: list[
     for _ in range(repeats):
         for name, (run, count) in runs.items():
             best[name] = min(best[name], best_seconds(run, 1) / count)
-    print(f"decode, {m} row(s) of {activations}, N={n} K={k}: GB/s of weight bytes read (weights cycled past {stream_mb} MB)")
+    print(f"decode, {m} row(s) of {activations}, N={n} K={k}: GB/s of weight bytes read "
+          f"(weights cycled past {stream_mb} MB)")
     for name, seconds in best.items():
         if name == "copy":
             print(f"  copy of {stream_mb} MB: {sizes[name] / seconds / 1e9:6.1f} GB/s read (as much written)")

@@ -11,9 +11,12 @@
  * In registers, each group's raw values are converted to float32 and multiplied with x, and the group's sum is
  * scaled once at its end: exact products accumulated in float32, as quant_linear_ref's float32 matmul of the
  * dequantized weight, up to summation order. The offsets come in at the end as offset * (the group's sum of x),
- * one multiply-add per group; int4 is summed as its unsigned nibbles u = q + 8, and its -8 comes in the same way
- * (as -8 * scale), which saves two subtractions per 16 values. At one to a few rows the cost is streaming the
- * weights: int8 and FP8 read a quarter of float32's bytes, int4 an eighth.
+ * one multiply-add per group; int4's steps of one block and single values sum its unsigned nibbles u = q + 8,
+ * and their -8 comes in the same way (as -8 * scale), which saves two subtractions per 16 values. With AVX-512,
+ * int4's steps of two blocks (float32) and four (bfloat16, where x holds bfloat16 values and the CPU has AVX-512
+ * BF16: each product is exact in float32 still) look q up from the nibble directly, one permute per 16 or 32
+ * values. At one to a few rows the cost is streaming the weights: int8 and FP8 read a quarter of float32's
+ * bytes, int4 an eighth.
  *
  * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory once
  * for every row of x (blocks of up to 4 rows of x read them again from L1). A prefill runs
