@@ -3,6 +3,8 @@ same shape on this CPU: batch-1 decode as the bandwidth of weight bytes read, an
 
     python bench/quant_kernels.py                       # N = K = 2048, prefill M = 128 and 512, 2 threads
     python bench/quant_kernels.py --quick               # the smallest settings, to see that it runs
+    python bench/quant_kernels.py --shapes 2048x2048 8192x2048 2048x8192 --decode-rows 1 4 16 --rows
+                                                        # decode of a ~1B model's shapes (N x K), no prefill
 
 Decode cycles through enough distinct weights to exceed the last-level cache (--stream-mb of each format), so
 the weights come from memory as in a model's step; the copy bandwidth is a torch copy of a buffer of that size
@@ -67,16 +69,21 @@ def weight_bytes(parts: tuple) -> int:
     return sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
 
 
-def decode(n: int, k: int, stream_mb: int, repeats: int) -> None:
-    """The cases take turns, repeat by repeat, so that each sees the machine's other work alike."""
-    x = torch.randn(1, k)
+def decode(n: int, k: int, stream_mb: int, repeats: int, m: int = 1, only: list[str] | None = None,
+           activations: torch.dtype = torch.float32) -> None:
+    """The cases take turns, repeat by repeat, so that each sees the machine's other work alike; m rows of x, of
+    the model's dtype `activations` (a bfloat16 model's x lets int4 run in bfloat16 where the CPU has it)."""
+    x = torch.randn(m, k).to(activations)
     base = torch.randn(n, k)
     runs, sizes = {}, {}
     one = base.to(torch.bfloat16)
     copies = [one.clone() for _ in range(max(1, stream_mb * 2**20 // (one.numel() * 2)))]
-    runs["bfloat16 (gemv)"] = (lambda copies=copies: [cpu_native.gemv(x, w, None) for w in copies]), len(copies)
+    gemm = cpu_native.gemv if m <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
+    runs["bfloat16 (gemv)"] = (lambda copies=copies: [gemm(x, w, None) for w in copies]), len(copies)
     sizes["bfloat16 (gemv)"] = one.numel() * 2
     for name, parts in formats(base).items():
+        if only and name not in only:
+            continue
         sizes[name] = weight_bytes(parts)
         copies = [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in parts)
                   for _ in range(max(1, stream_mb * 2**20 // sizes[name]))]
@@ -88,7 +95,8 @@ def decode(n: int, k: int, stream_mb: int, repeats: int) -> None:
     for _ in range(repeats):
         for name, (run, count) in runs.items():
             best[name] = min(best[name], best_seconds(run, 1) / count)
-    print(f"decode, 1 row, N={n} K={k}: GB/s of weight bytes read (weights cycled past {stream_mb} MB)")
+    print(f"decode, {m} row(s) of {activations}, N={n} K={k}: GB/s of weight bytes read "
+          f"(weights cycled past {stream_mb} MB)")
     for name, seconds in best.items():
         if name == "copy":
             print(f"  copy of {stream_mb} MB: {sizes[name] / seconds / 1e9:6.1f} GB/s read (as much written)")
@@ -115,7 +123,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--size", type=int, default=2048, help="N = K")
-    parser.add_argument("--rows", type=int, nargs="+", default=[16, 128, 512], help="prefill batches")
+    parser.add_argument("--shapes", nargs="+", default=None, help="NxK weight shapes (instead of --size)")
+    parser.add_argument("--decode-rows", type=int, nargs="+", default=[1], help="rows of x in decode")
+    parser.add_argument("--activations", choices=["float32", "bfloat16"], default="float32",
+                        help="x's dtype in decode (a bfloat16 model's)")
+    parser.add_argument("--formats", nargs="+", default=None, help="decode only these formats (e.g. int8 int4)")
+    parser.add_argument("--rows", type=int, nargs="*", default=[16, 128, 512], help="prefill batches")
     parser.add_argument("--stream-mb", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="N = K = 256, M = 32, 8 MB, 2 repeats")
@@ -127,8 +140,12 @@ def main() -> None:
     if args.threads == 1:  # the time this thread ran: not the time other processes took the core
         CLOCK = time.thread_time
     print(f"threads {args.threads} ({CLOCK.__name__}), native library: {cpu_native.available()}")
-    decode(args.size, args.size, args.stream_mb, args.repeats)
-    prefill(args.size, args.size, args.rows, args.repeats)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else [(args.size,) * 2]
+    for n, k in shapes:
+        for m in args.decode_rows:
+            decode(n, k, args.stream_mb, args.repeats, m, args.formats, getattr(torch, args.activations))
+        if args.rows:
+            prefill(n, k, args.rows, args.repeats)
 
 
 if __name__ == "__main__":

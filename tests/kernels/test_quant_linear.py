@@ -216,15 +216,27 @@ def test_native_runs_refuses_int4_groups_of_part_of_a_block():
     assert not native_runs(torch.zeros(2, 8, dtype=torch.int16), None)
 
 
-@pytest.fixture(scope="module")
-def portable_library(tmp_path_factory):
-    """quant.c built without -march (no AVX2 on x86-64): its portable C path, loaded with ctypes."""
+# The builds of quant.c besides the native one: no -march (x86-64's baseline, no AVX2: the portable C path),
+# AVX2 (-march=haswell: the path of a CPU without AVX-512) and AVX-512 (-march=skylake-avx512, no AVX-512 BF16 or
+# VNNI), each run where this CPU has what it needs, so that a CPU with AVX-512 checks the AVX2 path too.
+BUILDS = {"portable": ([], set()), "avx2": (["-march=haswell"], {"avx2", "fma", "f16c"}),
+          "avx512": (["-march=skylake-avx512"], {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"})}
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def built_library(request, tmp_path_factory):
+    """quant.c built with one of BUILDS' flags, loaded with ctypes."""
+    if platform.machine() != "x86_64":
+        pytest.skip("elsewhere the baseline build may vectorise")
+    flags, needs = BUILDS[request.param]
+    if not needs <= native_build.cpu_features():
+        pytest.skip(f"this CPU lacks {sorted(needs - native_build.cpu_features())}")
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler")
-    target = tmp_path_factory.mktemp("portable") / "libquant.so"
-    subprocess.run([compiler, "-O2", "-std=c11", "-fPIC", "-shared", "-fopenmp", str(native_build.QUANT_SOURCE),
-                    "-o", str(target), "-lm"], check=True, capture_output=True)
+    target = tmp_path_factory.mktemp(request.param) / "libquant.so"
+    subprocess.run([compiler, "-O2", *flags, "-std=c11", "-fPIC", "-shared", "-fopenmp",
+                    str(native_build.QUANT_SOURCE), "-o", str(target), "-lm"], check=True, capture_output=True)
     return ctypes.CDLL(str(target))
 
 
@@ -235,25 +247,49 @@ def pointer(tensor):
     return ctypes.c_void_p(None if tensor is None else tensor.data_ptr())
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="elsewhere the baseline build may vectorise")
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows, n, k, group_size", [(1, 7, 300, 16), (3, 13, 17, 17), (5, 4, 1000, 128)])
+@pytest.mark.parametrize("rows, n, k, group_size", [(1, 7, 300, 16), (3, 13, 17, 17), (5, 4, 1000, 128),
+                                                     (2, 9, 95, 32), (1, 11, 200, 64), (4, 3, 80, 80)])
 @pytest.mark.parametrize("offsets", [False, True])
-def test_the_portable_path_matches_the_reference(portable_library, fmt, rows, n, k, group_size, offsets):
+def test_each_build_matches_the_reference(built_library, fmt, rows, n, k, group_size, offsets):
     generator = torch.Generator().manual_seed(rows + n + k)
     q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
     x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
     y = torch.empty(rows, n)
-    portable_library.tandem_quant_gemm(
+    built_library.tandem_quant_gemm(
         pointer(q), ctypes.c_int(FORMAT_CODES[fmt]), pointer(scales), pointer(shifts), ctypes.c_int(group_size),
         pointer(x), pointer(bias), pointer(y), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(1))
     expected = quant_linear_ref(x, q, scales, group_size, bias, shifts)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     weight = torch.empty(n, k)
-    portable_library.tandem_quant_dequantize(
+    built_library.tandem_quant_dequantize(
         pointer(q), ctypes.c_int(FORMAT_CODES[fmt]), pointer(scales), pointer(shifts), ctypes.c_int(group_size),
         pointer(weight), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(1))
     assert torch.equal(weight, dequantize(q, scales, group_size, k, shifts))
+
+
+# int4 under AVX-512 takes two blocks (32 values) a step where groups start at multiples of 32, then a block, then
+# single values: K of 32, one step and a block (48, 80), one step and a partial block (33, 47, 95), steps past a
+# group's end (group 96 over K = 200: 96 + 96 + 8), groups of 48 (one block at a time) and of K; N odd.
+INT4_STEPS = [(n, k, g) for n, k, g in ((9, 32, 32), (9, 48, 48), (11, 80, 32), (3, 33, 33), (5, 47, 32),
+                                        (7, 95, 64), (13, 200, 96), (5, 1000, 48), (1, 2048, 2048))]
+
+
+@native
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16])
+@pytest.mark.parametrize("n, k, group_size", INT4_STEPS + [(5, 128, 64), (7, 200, 128), (3, 64, 64), (9, 127, 127)])
+@pytest.mark.parametrize("offsets", [False, True])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_int4_steps_of_two_and_four_blocks_match_the_reference(rows, n, k, group_size, offsets, x_dtype):
+    """Also with x of bfloat16 values (a bfloat16 model's activations, which the launcher hands over as float32):
+    where the CPU has AVX-512 BF16, int4 groups of multiples of 64 then run four blocks a step in bfloat16."""
+    generator = torch.Generator().manual_seed(rows * 7 + n * 100 + k)
+    q, scales, shifts = random_format("int4", n, k, group_size, offsets, generator)
+    x = torch.randn(rows, k, generator=generator).to(x_dtype).float()
+    bias = torch.randn(n, generator=generator)
+    expected = quant_linear_ref(x, q, scales, group_size, bias, shifts)
+    got = cpu_native.quant_gemm(x, q, scales, group_size, bias, shifts)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 def test_offsets_and_fp8_dequantize_group_by_group():

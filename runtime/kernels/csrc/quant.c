@@ -11,9 +11,12 @@
  * In registers, each group's raw values are converted to float32 and multiplied with x, and the group's sum is
  * scaled once at its end: exact products accumulated in float32, as quant_linear_ref's float32 matmul of the
  * dequantized weight, up to summation order. The offsets come in at the end as offset * (the group's sum of x),
- * one multiply-add per group; int4 is summed as its unsigned nibbles u = q + 8, and its -8 comes in the same way
- * (as -8 * scale), which saves two subtractions per 16 values. At one to a few rows the cost is streaming the
- * weights: int8 and FP8 read a quarter of float32's bytes, int4 an eighth.
+ * one multiply-add per group; int4's steps of one block and single values sum its unsigned nibbles u = q + 8,
+ * and their -8 comes in the same way (as -8 * scale), which saves two subtractions per 16 values. With AVX-512,
+ * int4's steps of two blocks (float32) and four (bfloat16, where x holds bfloat16 values and the CPU has AVX-512
+ * BF16: each product is exact in float32 still) look q up from the nibble directly, one permute per 16 or 32
+ * values. At one to a few rows the cost is streaming the weights: int8 and FP8 read a quarter of float32's
+ * bytes, int4 an eighth.
  *
  * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory once
  * for every row of x (blocks of up to 4 rows of x read them again from L1). A prefill runs
@@ -26,8 +29,11 @@
 #include "tandem_cpu.h"
 
 #define QUANT_ROWS 8 /* output features per block */
-#define QUANT_X_ROWS 4 /* rows of x per pass over a block */
-#define QUANT_ACCUMULATORS 8 /* vector accumulators of a block: ROWS x M */
+/* Rows of x per pass over a block, and vector accumulators of a block (ROWS x M). With AVX-512's 32 registers,
+ * passes of 8 rows (16 accumulators) and blocks of 4 x 4 measured no faster than these (2048 x 512 int8 / int4
+ * weights in L2, one thread: 8 rows in one pass 176-185 / 267-309 us, in two of 4 rows 160-175 / 260-300). */
+#define QUANT_X_ROWS 4
+#define QUANT_ACCUMULATORS 8
 
 /* FP8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m * 2^-9). */
 static inline float quant_fp8(uint8_t byte) {
@@ -78,6 +84,11 @@ typedef __m512 quant_vec;
 #define qv_mul _mm512_mul_ps
 #define qv_add _mm512_add_ps
 static inline float qv_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
+/* bfloat16 q = u - 8 for each nibble u, twice: the values of a nibble as vpermw looks them up by 5 bits */
+#define QUANT_NIBBLES_BF16                                                                                         \
+    _mm512_set_epi16(0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0x0000, 0xbf80, 0xc000, 0xc040,      \
+                     0xc080, 0xc0a0, 0xc0c0, 0xc0e0, 0xc100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000,      \
+                     0x3f80, 0x0000, 0xbf80, 0xc000, 0xc040, 0xc080, 0xc0a0, 0xc0c0, 0xc0e0, 0xc100)
 #else
 typedef __m256 quant_vec;
 #define QUANT_LANES 8
@@ -134,13 +145,17 @@ static inline __attribute__((always_inline)) void quant_load16(const uint8_t *ro
 #endif
 }
 
-/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows (raw values, scaled per group); ROWS * M <= 8
- * vector accumulators, each its own chain of multiply-adds. Inlined where FORMAT, ROWS and M are constants, so
- * each case is unrolled. */
+/* dots[m * ROWS + r]: W's rows n..n+ROWS-1 against x's M rows (raw values, scaled per group); ROWS * M <=
+ * QUANT_ACCUMULATORS vector accumulators, each its own chain of multiply-adds. Inlined where FORMAT, ROWS and M are
+ * constants, so each case is unrolled. With AVX-512, int4 takes two blocks (16 bytes) a step where xperm holds x
+ * in quant_permute's order: one widening gives 16 lanes whose low nibbles are the blocks' values 0-7 and whose
+ * high nibbles are their values 8-15, half the instructions per value of a block at a time. */
 static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, int64_t row_bytes,
                                                               const float *scales, int groups, int group_size,
-                                                              int FORMAT, int64_t n, int K, const float *x, int M,
+                                                              int FORMAT, int64_t n, int K, const float *x,
+                                                              const float *xperm, const uint16_t *xbf, int M,
                                                               int ROWS, float *dots) {
+    (void)xperm, (void)xbf; /* read by the AVX-512 int4 steps only */
     const int value_bytes = FORMAT == TANDEM_QUANT_INT4 ? 2 : 1; /* values per byte's step in k */
     const float unit = quant_vector_unit(FORMAT);
     quant_vec total[QUANT_ACCUMULATORS];
@@ -154,6 +169,54 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
 #pragma GCC unroll 8
         for (int i = 0; i < ROWS * M; i++) acc[i] = qv_zero();
         int k = k0;
+#if defined(__AVX512F__)
+#if defined(__AVX512BF16__)
+        /* four blocks a step in bfloat16, against x in quant_pack_bf16's order */
+        if (FORMAT == TANDEM_QUANT_INT4 && xbf)
+            for (; k + 64 <= k1; k += 64) {
+#pragma GCC unroll 8
+                for (int r = 0; r < ROWS; r++) {
+                    if (((k / 2) & 63) == 0)
+                        _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / 2), _MM_HINT_T0);
+                    const __m512i bytes = _mm512_cvtepu8_epi16(
+                        _mm256_loadu_si256((const __m256i *)(w + (n + r) * row_bytes + k / 2)));
+                    /* vpermw reads the low 5 bits of each index: the table repeats its 16 values */
+                    const __m512bh low = (__m512bh)_mm512_permutexvar_epi16(bytes, QUANT_NIBBLES_BF16);
+                    const __m512bh high =
+                        (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), QUANT_NIBBLES_BF16);
+#pragma GCC unroll 8
+                    for (int m = 0; m < M; m++) {
+                        const uint16_t *xs = xbf + (int64_t)m * K + k;
+                        acc[m * ROWS + r] = _mm512_dpbf16_ps(acc[m * ROWS + r], low,
+                                                             (__m512bh)_mm512_loadu_si512((const void *)xs));
+                        acc[m * ROWS + r] = _mm512_dpbf16_ps(acc[m * ROWS + r], high,
+                                                             (__m512bh)_mm512_loadu_si512((const void *)(xs + 32)));
+                    }
+                }
+            }
+#endif
+        /* q = u - 8 of each nibble u: no shift to add back for these steps, whose sums then do not cancel */
+        const __m512 nibbles = _mm512_set_ps(7, 6, 5, 4, 3, 2, 1, 0, -1, -2, -3, -4, -5, -6, -7, -8);
+        if (FORMAT == TANDEM_QUANT_INT4 && xperm) /* two blocks a step, against x in quant_permute's order */
+            for (; k + 32 <= k1; k += 32) {
+#pragma GCC unroll 8
+                for (int r = 0; r < ROWS; r++) {
+                    if (((k / 2) & 63) < 16)
+                        _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / 2), _MM_HINT_T0);
+                    const __m512i bytes =
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + (n + r) * row_bytes + k / 2)));
+                    /* vpermps reads the low 4 bits of each index: a nibble's value in one instruction */
+                    const __m512 low = _mm512_permutexvar_ps(bytes, nibbles);
+                    const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), nibbles);
+#pragma GCC unroll 8
+                    for (int m = 0; m < M; m++) {
+                        const float *xs = xperm + (int64_t)m * K + k;
+                        acc[m * ROWS + r] = qv_fmadd(low, qv_loadu(xs), acc[m * ROWS + r]);
+                        acc[m * ROWS + r] = qv_fmadd(high, qv_loadu(xs + 16), acc[m * ROWS + r]);
+                    }
+                }
+            }
+#endif
         for (; k + 16 <= k1; k += 16) {
 #pragma GCC unroll 8
             for (int r = 0; r < ROWS; r++) {
@@ -163,7 +226,7 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                     _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / value_bytes), _MM_HINT_T0);
                 quant_vec values[QUANT_VECS];
                 quant_load16(w + (n + r) * row_bytes, FORMAT, k, values);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int m = 0; m < M; m++) {
                     const float *xs = x + (int64_t)m * K + k;
 #pragma GCC unroll 2
@@ -190,21 +253,23 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
 }
 
 /* dots[m * count + r] for the `count` <= QUANT_ROWS features from n and M <= QUANT_X_ROWS rows of x, in blocks of
- * ROWS features (8 vector accumulators: 8 x 1, 4 x 2, 2 x 3, 2 x 4) and the rest one at a time. */
+ * ROWS features (see quant_rows for ROWS per M) and the rest one at a time. */
 static inline __attribute__((always_inline)) void quant_tiles(const uint8_t *w, int64_t row_bytes,
                                                               const float *scales, int groups, int group_size,
                                                               int FORMAT, int64_t n, int count, int K,
-                                                              const float *x, int M, int ROWS, float *dots) {
+                                                              const float *x, const float *xperm,
+                                                              const uint16_t *xbf, int M,
+                                                              int ROWS, float *dots) {
     int r0 = 0;
     for (; r0 + ROWS <= count; r0 += ROWS) {
         float tile[QUANT_ROWS * QUANT_X_ROWS];
-        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, M, ROWS, tile);
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, xperm, xbf, M, ROWS, tile);
         for (int m = 0; m < M; m++)
             for (int r = 0; r < ROWS; r++) dots[m * count + r0 + r] = tile[m * ROWS + r];
     }
     for (; r0 < count; r0++) {
         float one[QUANT_X_ROWS];
-        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, M, 1, one);
+        quant_block(w, row_bytes, scales, groups, group_size, FORMAT, n + r0, K, x, xperm, xbf, M, 1, one);
         for (int m = 0; m < M; m++) dots[m * count + r0] = one[m];
     }
 }
@@ -212,26 +277,33 @@ static inline __attribute__((always_inline)) void quant_tiles(const uint8_t *w, 
 static inline __attribute__((always_inline)) void quant_rows(const uint8_t *w, int64_t row_bytes,
                                                              const float *scales, int groups, int group_size,
                                                              int FORMAT, int64_t n, int count, int K,
-                                                             const float *x, int M, float *dots) {
-    switch (M) {
-    case 1: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 1, 8, dots); break;
-    case 2: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 2, 4, dots); break;
-    case 3: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 3, 2, dots); break;
-    default: quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, 4, 2, dots); break;
+                                                             const float *x, const float *xperm,
+                                                             const uint16_t *xbf, int M,
+                                                             float *dots) {
+#define QUANT_TILES(ROWS_OF_X, ROWS)                                                                             \
+    quant_tiles(w, row_bytes, scales, groups, group_size, FORMAT, n, count, K, x, xperm, xbf, ROWS_OF_X, ROWS, dots)
+    switch (M) { /* 8 accumulators: 8 x 1, 4 x 2, 2 x 3, 2 x 4 */
+    case 1: QUANT_TILES(1, 8); break;
+    case 2: QUANT_TILES(2, 4); break;
+    case 3: QUANT_TILES(3, 2); break;
+    default: QUANT_TILES(4, 2); break;
     }
+#undef QUANT_TILES
 }
 
 static void quant_dots(const uint8_t *w, int format, int64_t row_bytes, const float *scales, int groups,
-                       int group_size, int64_t n, int count, int K, const float *x, int M, float *dots) {
+                       int group_size, int64_t n, int count, int K, const float *x, const float *xperm,
+                       const uint16_t *xbf, int M, float *dots) {
     switch (format) {
     case TANDEM_QUANT_INT8:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT8, n, count, K, x, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT8, n, count, K, x, NULL, NULL, M, dots);
         break;
     case TANDEM_QUANT_INT4:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT4, n, count, K, x, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_INT4, n, count, K, x, xperm, xbf, M,
+                   dots);
         break;
     default:
-        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_FP8, n, count, K, x, M, dots);
+        quant_rows(w, row_bytes, scales, groups, group_size, TANDEM_QUANT_FP8, n, count, K, x, NULL, NULL, M, dots);
         break;
     }
 }
@@ -266,7 +338,9 @@ static void quant_expand(const uint8_t *row, int format, const float *scales, in
 #else
 /* The portable path: the same sums, one weight at a time. */
 static void quant_dots(const uint8_t *w, int format, int64_t row_bytes, const float *scales, int groups,
-                       int group_size, int64_t n, int count, int K, const float *x, int M, float *dots) {
+                       int group_size, int64_t n, int count, int K, const float *x, const float *xperm,
+                       const uint16_t *xbf, int M, float *dots) {
+    (void)xperm, (void)xbf;
     for (int r = 0; r < count; r++) {
         const uint8_t *row = w + (n + r) * row_bytes;
         for (int m = 0; m < M; m++) {
@@ -291,58 +365,130 @@ static void quant_expand(const uint8_t *row, int format, const float *scales, in
 }
 #endif
 
-/* What each group adds besides its scaled raw values: offset + shift * scale, times the group's sum of x. */
+/* What each group adds besides its scaled raw values: offset times the group's sum of x (xsums), and shift *
+ * scale times the sum of x over the part of the group summed as raw values (xshift). */
 static inline float quant_group_terms(const float *scales, const float *offsets, float shift, int groups,
-                                      const float *xsums) {
+                                      const float *xsums, const float *xshift) {
     float sums[4] = {0};
     int g = 0;
     for (; g + 4 <= groups; g += 4)
         for (int j = 0; j < 4; j++)
-            sums[j] += ((offsets ? offsets[g + j] : 0.0f) + shift * scales[g + j]) * xsums[g + j];
-    for (; g < groups; g++) sums[0] += ((offsets ? offsets[g] : 0.0f) + shift * scales[g]) * xsums[g];
+            sums[j] += (offsets ? offsets[g + j] * xsums[g + j] : 0.0f) +
+                       (xshift ? shift * scales[g + j] * xshift[g + j] : 0.0f);
+    for (; g < groups; g++)
+        sums[0] += (offsets ? offsets[g] * xsums[g] : 0.0f) + (xshift ? shift * scales[g] * xshift[g] : 0.0f);
     return (sums[0] + sums[1]) + (sums[2] + sums[3]);
+}
+
+/* Each row's sum of x per group over [k0 + skip(group length), k1), in a new (M, groups) array. */
+static float *quant_x_sums(const float *x, int M, int K, int group_size, int groups, int skip_steps_of) {
+    float *sums = malloc(sizeof(float) * (size_t)M * (size_t)(groups > 0 ? groups : 1));
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < groups; g++) {
+            const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
+            const int from = skip_steps_of ? k0 + (k1 - k0) / skip_steps_of * skip_steps_of : k0;
+            float sum = 0.0f;
+            for (int k = from; k < k1; k++) sum += x[(int64_t)m * K + k];
+            sums[(int64_t)m * groups + g] = sum;
+        }
+    return sums;
+}
+
+/* x's rows in the order of quant_block's int4 steps of two blocks, for each whole 32 values from a multiple of
+ * 32: values 0-7, 16-23 (the blocks' low nibbles), then 8-15, 24-31 (their high nibbles); NULL where the steps
+ * do not run (no AVX-512, not int4, or groups that do not start at multiples of 32). */
+static float *quant_permute(int format, int group_size, const float *x, int M, int K) {
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (format != TANDEM_QUANT_INT4 || (group_size % 32 != 0 && group_size < K) || K < 32) return NULL;
+    static const int order[32] = {0,  1,  2,  3,  4,  5,  6,  7,  16, 17, 18, 19, 20, 21, 22, 23,
+                                  8,  9,  10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    float *out = malloc(sizeof(float) * (size_t)M * (size_t)K);
+    for (int m = 0; m < M; m++) {
+        const float *row = x + (int64_t)m * K;
+        float *to = out + (int64_t)m * K;
+        int k = 0;
+        for (; k + 32 <= K; k += 32)
+            for (int j = 0; j < 32; j++) to[k + j] = row[k + order[j]];
+        for (; k < K; k++) to[k] = row[k];
+    }
+    return out;
+#else
+    (void)format, (void)group_size, (void)x, (void)M, (void)K;
+    return NULL;
+#endif
+}
+
+/* x's rows as bfloat16 in the order of quant_block's int4 steps of four blocks, for each whole 64 values from a
+ * multiple of 64: the 32 bytes' low nibbles (values 0-7, 16-23, 32-39, 48-55), then their high ones; NULL where
+ * those steps do not run (no AVX-512 BF16, not int4, groups that do not start at multiples of 64) or where a value
+ * of x is not a bfloat16 (a float32 model): bfloat16 products are exact in float32, so with a bfloat16 model's
+ * activations the steps sum what the float32 ones do. */
+static uint16_t *quant_pack_bf16(int format, int group_size, const float *x, int M, int K) {
+#if defined(__AVX512BF16__)
+    if (format != TANDEM_QUANT_INT4 || (group_size % 64 != 0 && group_size < K) || K < 64) return NULL;
+    const uint32_t *bits = (const uint32_t *)x;
+    uint32_t low_bits = 0;
+    for (int64_t i = 0; i < (int64_t)M * K; i++) low_bits |= bits[i] & 0xffff;
+    if (low_bits) return NULL;
+    uint16_t *out = malloc(sizeof(uint16_t) * (size_t)M * (size_t)K);
+    for (int m = 0; m < M; m++) {
+        const uint32_t *row = bits + (int64_t)m * K;
+        uint16_t *to = out + (int64_t)m * K;
+        int k = 0;
+        for (; k + 64 <= K; k += 64)
+            for (int j = 0; j < 32; j++) {
+                const int value = 16 * (j / 8) + j % 8; /* byte j's low nibble; its high one is 8 further */
+                to[k + j] = (uint16_t)(row[k + value] >> 16);
+                to[k + 32 + j] = (uint16_t)(row[k + value + 8] >> 16);
+            }
+        for (; k < K; k++) to[k] = (uint16_t)(row[k] >> 16);
+    }
+    return out;
+#else
+    (void)format, (void)group_size, (void)x, (void)M, (void)K;
+    return NULL;
+#endif
 }
 
 void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
                        const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
     if (M < 1 || N < 1) return;
+    float *xperm = quant_permute(format, group_size, x, M, K);
+    uint16_t *xbf = quant_pack_bf16(format, group_size, x, M, K);
     const int64_t row_bytes = quant_row_bytes(format, K);
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
     const int64_t blocks = (N + QUANT_ROWS - 1) / QUANT_ROWS;
     const float shift = quant_shift(format);
-    /* Each row's sum of x per group, for the offsets and int4's shift. */
-    float *xsums = NULL;
-    if (offsets || shift != 0.0f) {
-        xsums = malloc(sizeof(float) * (size_t)M * (size_t)(groups > 0 ? groups : 1));
-        for (int m = 0; m < M; m++)
-            for (int g = 0; g < groups; g++) {
-                const int k0 = g * group_size, k1 = K - k0 < group_size ? K : k0 + group_size;
-                float sum = 0.0f;
-                for (int k = k0; k < k1; k++) sum += x[(int64_t)m * K + k];
-                xsums[(int64_t)m * groups + g] = sum;
-            }
-    }
+    /* The offsets' sums of x over whole groups; int4's shift only over what the steps of one block and the
+     * single values sum as q + 8 (the steps of two and four blocks look q up directly). */
+    float *xsums = offsets ? quant_x_sums(x, M, K, group_size, groups, 0) : NULL;
+    float *xshift = shift != 0.0f ? quant_x_sums(x, M, K, group_size, groups, xperm ? 32 : 0) : NULL;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t block = 0; block < blocks; block++) {
         const int64_t n = block * QUANT_ROWS;
         const int count = N - n < QUANT_ROWS ? (int)(N - n) : QUANT_ROWS;
         for (int m0 = 0; m0 < M; m0 += QUANT_X_ROWS) {
             const int rows = M - m0 < QUANT_X_ROWS ? M - m0 : QUANT_X_ROWS;
-            const float *xs = x + (int64_t)m0 * K;
+            const float *xs = x + (int64_t)m0 * K, *xps = xperm ? xperm + (int64_t)m0 * K : NULL;
+            const uint16_t *xbs = xbf ? xbf + (int64_t)m0 * K : NULL;
             float dots[QUANT_ROWS * QUANT_X_ROWS];
-            quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, rows, dots);
+            quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, xps, xbs, rows, dots);
             for (int m = 0; m < rows; m++)
                 for (int r = 0; r < count; r++) {
                     float value = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
-                    if (xsums)
+                    if (xsums || xshift)
                         value += quant_group_terms(scales + (n + r) * groups,
                                                    offsets ? offsets + (n + r) * groups : NULL, shift, groups,
-                                                   xsums + (int64_t)(m0 + m) * groups);
+                                                   xsums ? xsums + (int64_t)(m0 + m) * groups : NULL,
+                                                   xshift ? xshift + (int64_t)(m0 + m) * groups : NULL);
                     y[(int64_t)(m0 + m) * N + n + r] = value;
                 }
         }
     }
     free(xsums);
+    free(xshift);
+    free(xperm);
+    free(xbf);
 }
 
 void tandem_quant_dequantize(const uint8_t *w, int format, const float *scales, const float *offsets,
