@@ -21,7 +21,7 @@
 /* Below this many multiply-adds a call runs on one thread: waking the team costs more than it saves (a decode
  * step calls the two kernels for every linear of the model, and a 32-row rank-16 call is ~0.1 ms of one core;
  * on a loaded machine each parallel region waits for a descheduled thread, which measured ~8 ms a call). */
-#define LORA_PARALLEL_MIN 4194304
+#define LORA_PARALLEL_MIN 131072
 
 static inline float lora_bf16_load(const uint16_t *p) {
     uint32_t bits = (uint32_t)(*p) << 16;
