@@ -158,13 +158,14 @@ def test_logprobs_of_tokens_the_constraint_rules_out_are_numbers(client):
 
 
 def test_a_slow_schema_does_not_hold_up_other_requests(client):
-    """Its grammar compiles on a worker thread (seconds, for 3000 patterned fields): a request sent meanwhile is
-    served at once. Compiled on the engine thread, it would wait for the compilation to end."""
+    """Its grammar compiles on a worker thread (seconds, for 5000 patterned fields: 1.6 s for 3000 on an AVX-512
+    Xeon): a request sent meanwhile is served at once. Compiled on the engine thread, it would wait for the
+    compilation to end."""
     import threading
     import time
 
     fields = {f"slow_{i}": {"type": "string", "pattern": f"^[a-z]{{{i % 5 + 1}}}[0-9]{{2,{i % 7 + 3}}}$"}
-              for i in range(3000)}
+              for i in range(5000)}
     schema = {"type": "object", "properties": fields, "required": list(fields)}
     took = {}
 
@@ -180,4 +181,4 @@ def test_a_slow_schema_does_not_hold_up_other_requests(client):
     client.completions.create(model=MODEL, prompt="The page pool", max_tokens=4, temperature=0)
     took["other"] = time.monotonic() - start
     thread.join()
-    assert took["slow"] > 2.0 and took["other"] < took["slow"] / 3, took
+    assert took["slow"] > 1.0 and took["other"] < took["slow"] / 3, took
