@@ -14,6 +14,7 @@ from runtime.config import EngineConfig
 from runtime.context import ForwardContext, GeneratedSplit, forward_context
 from runtime.decode_graph import DecodeGraphs
 from runtime.distributed.pipeline import allocate_stage_pool, run_stage, stage_bytes_per_page_id
+from runtime.dtypes import DTYPES
 from runtime.heap import keep_freed_memory
 from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
@@ -55,7 +56,8 @@ def resolve_device(name: str) -> torch.device:
 def make_lora_manager(model: torch.nn.Module, config: EngineConfig) -> LoRAManager | None:
     if not config.enable_lora:
         return None
-    return LoRAManager(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras or config.max_loras)
+    return LoRAManager(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras or config.max_loras,
+                       DTYPES[config.model_dtype])
 
 
 @dataclass

@@ -15,40 +15,45 @@ from torch import Tensor
 
 from runtime.kernels._triton_utils import tl, triton
 
+# A and B are kept in float32, or in bfloat16 for a bfloat16 model (PEFT loads an adapter in the model's dtype, and
+# the pools are read every step: half the bytes); the sums are float32 either way.
+POOL_DTYPES = (torch.float32, torch.bfloat16)
 ROWS_PER_GATHER = 32  # the reference gathers each row's A or B in groups of this many rows: bounded memory
 
 
 def lora_shrink_ref(x: Tensor, lora_a: Tensor, indices: Tensor) -> Tensor:
-    """x: (T, in) any float dtype; lora_a: (S, R, in) float32; indices: (T,) int64 in [0, S) -> (T, R) float32."""
+    """x: (T, in) any float dtype; lora_a: (S, R, in) float32 or bfloat16; indices: (T,) int64 in [0, S) -> (T, R)
+    float32."""
     _check_shrink(x, lora_a, indices)
     out = x.new_empty(x.shape[0], lora_a.shape[1], dtype=torch.float32)
     for start in range(0, x.shape[0], ROWS_PER_GATHER):
         rows = slice(start, start + ROWS_PER_GATHER)
-        a = lora_a.index_select(0, indices[rows])  # (t, R, in)
+        a = lora_a.index_select(0, indices[rows]).float()  # (t, R, in)
         out[rows] = torch.bmm(a, x[rows].float().unsqueeze(-1)).squeeze(-1)
     return out
 
 
 def lora_expand_ref(s: Tensor, lora_b: Tensor, lora_bias: Tensor, indices: Tensor, y: Tensor) -> None:
-    """y += s @ B[slot] + bias[slot], per row, in place. s: (T, R) float32; lora_b: (S, R, out) float32;
+    """y += s @ B[slot] + bias[slot], per row, in place. s: (T, R) float32; lora_b: (S, R, out) float32 or bfloat16;
     lora_bias: (S, out) float32; indices: (T,) int64; y: (T, out) any float dtype (a view is fine)."""
     _check_expand(s, lora_b, lora_bias, indices, y)
     for start in range(0, s.shape[0], ROWS_PER_GATHER):
         rows = slice(start, start + ROWS_PER_GATHER)
-        b = lora_b.index_select(0, indices[rows])  # (t, R, out)
+        b = lora_b.index_select(0, indices[rows]).float()  # (t, R, out)
         delta = torch.bmm(s[rows].unsqueeze(1), b).squeeze(1) + lora_bias.index_select(0, indices[rows])
         y[rows] = (y[rows].float() + delta).to(y.dtype)
 
 
 def _check_shrink(x: Tensor, lora_a: Tensor, indices: Tensor) -> None:
     assert x.dim() == 2 and lora_a.dim() == 3 and lora_a.shape[2] == x.shape[1], (x.shape, lora_a.shape)
-    assert lora_a.dtype == torch.float32 and lora_a.is_contiguous()
+    assert lora_a.dtype in POOL_DTYPES and lora_a.is_contiguous()
     assert indices.dtype == torch.int64 and indices.shape == (x.shape[0],)
 
 
 def _check_expand(s: Tensor, lora_b: Tensor, lora_bias: Tensor, indices: Tensor, y: Tensor) -> None:
     assert s.dim() == 2 and s.dtype == torch.float32 and lora_b.dim() == 3 and lora_b.shape[1] == s.shape[1]
-    assert lora_b.dtype == torch.float32 and lora_b.is_contiguous() and lora_bias.is_contiguous()
+    assert lora_b.dtype in POOL_DTYPES and lora_bias.dtype == torch.float32
+    assert lora_b.is_contiguous() and lora_bias.is_contiguous()
     out_features = lora_b.shape[2]
     assert lora_bias.shape == (lora_b.shape[0], out_features) and y.shape == (s.shape[0], out_features), y.shape
     assert indices.dtype == torch.int64 and indices.shape == (s.shape[0],)
@@ -98,7 +103,7 @@ def _lora_shrink_kernel(x, lora_a, indices, out, dim, rank, stride_xt, stride_xd
         k = k0 + tl.arange(0, BLOCK_K)
         xk = tl.load(x + row * stride_xt + k * stride_xd, mask=k < dim, other=0.0).to(tl.float32)
         a = tl.load(lora_a + slot * rank * dim + r[:, None] * dim + k[None, :],
-                    mask=(r[:, None] < rank) & (k[None, :] < dim), other=0.0)
+                    mask=(r[:, None] < rank) & (k[None, :] < dim), other=0.0).to(tl.float32)
         acc += tl.sum(a * xk[None, :], axis=1)
     tl.store(out + row * rank + r, acc, mask=r < rank)
 
@@ -112,7 +117,7 @@ def _lora_expand_kernel(s, lora_b, lora_bias, indices, y, out_features, rank, st
     r = tl.arange(0, BLOCK_R)
     sr = tl.load(s + row * rank + r, mask=r < rank, other=0.0)
     b = tl.load(lora_b + slot * rank * out_features + r[None, :] * out_features + n[:, None],
-                mask=(n[:, None] < out_features) & (r[None, :] < rank), other=0.0)
+                mask=(n[:, None] < out_features) & (r[None, :] < rank), other=0.0).to(tl.float32)
     delta = tl.sum(b * sr[None, :], axis=1)
     delta += tl.load(lora_bias + slot * out_features + n, mask=n < out_features, other=0.0)
     ptrs = y + row * stride_yt + n * stride_yn

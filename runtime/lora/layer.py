@@ -2,7 +2,9 @@
 
 Every linear of the decoder (not the LM head, not MoE experts) is wrapped when the engine starts with
 enable_lora, so an adapter loads into slots that already exist (the memory is fixed at start, as vLLM's).
-Slots hold float32 A (S + 1, R, in), B (S + 1, R, out) and a bias (S + 1, out), zero-padded to
+Slots hold A (S + 1, R, in) and B (S + 1, R, out) in float32 (bfloat16 for a bfloat16 model, as PEFT loads an
+adapter in the model's dtype: the pools are read every step, and that halves the bytes) and a float32 bias
+(S + 1, out), zero-padded to
 max_lora_rank; the last slot stays zero for the rows of the base model. Under tensor parallelism a slot
 holds this rank's part, cut like the base layer's weight: a column-parallel linear's B rows and bias, a
 row-parallel linear's A columns (its partial sums are added up by the all-reduce after it, as the base's).
@@ -25,7 +27,8 @@ LINEAR_TYPES = ("Linear", "PackedLinear", "QuantLinear", "ReducingLinear")
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Module, num_slots: int, max_rank: int, shard: Shard | None):
+    def __init__(self, base: nn.Module, num_slots: int, max_rank: int, shard: Shard | None,
+                 dtype: torch.dtype = torch.float32):
         super().__init__()
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
@@ -33,9 +36,10 @@ class LoRALinear(nn.Module):
         self.shard = shard  # how the base weight is cut from the checkpoint's (None: whole)
         self.reduces = isinstance(base, ReducingLinear)  # its all-reduce is inside: the shrink is summed here
         device = _device(base)
-        f32 = dict(dtype=torch.float32, device=device)
-        self.register_buffer("lora_a", torch.zeros(num_slots + 1, max_rank, self.in_features, **f32), persistent=False)
-        self.register_buffer("lora_b", torch.zeros(num_slots + 1, max_rank, self.out_features, **f32),
+        f32, pool = dict(dtype=torch.float32, device=device), dict(dtype=dtype, device=device)
+        self.register_buffer("lora_a", torch.zeros(num_slots + 1, max_rank, self.in_features, **pool),
+                             persistent=False)
+        self.register_buffer("lora_b", torch.zeros(num_slots + 1, max_rank, self.out_features, **pool),
                              persistent=False)
         self.register_buffer("lora_bias", torch.zeros(num_slots + 1, self.out_features, **f32), persistent=False)
         base_bias = getattr(base, "bias", None)
@@ -109,7 +113,13 @@ def _device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def wrap_linears(model: nn.Module, num_slots: int, max_rank: int) -> dict[str, LoRALinear]:
+def pool_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The slots' A and B: bfloat16 for a bfloat16 model, float32 otherwise (the kernels read those two)."""
+    return torch.bfloat16 if model_dtype == torch.bfloat16 else torch.float32
+
+
+def wrap_linears(model: nn.Module, num_slots: int, max_rank: int, model_dtype: torch.dtype = torch.float32
+                 ) -> dict[str, LoRALinear]:
     """Replace each adaptable linear of `model` by a LoRALinear around it; returns them by module name."""
     shards = getattr(model, "weight_shards", {})
     wrapped: dict[str, LoRALinear] = {}
@@ -118,7 +128,7 @@ def wrap_linears(model: nn.Module, num_slots: int, max_rank: int) -> dict[str, L
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        layer = LoRALinear(module, num_slots, max_rank, shards.get(name + ".weight"))
+        layer = LoRALinear(module, num_slots, max_rank, shards.get(name + ".weight"), pool_dtype(model_dtype))
         setattr(parent, child, layer)
         wrapped[name] = layer
     return wrapped

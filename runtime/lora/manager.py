@@ -21,10 +21,11 @@ from runtime.lora.request import LoRARequest
 
 
 class LoRAManager:
-    def __init__(self, model: nn.Module, max_loras: int, max_rank: int, max_cpu_loras: int):
+    def __init__(self, model: nn.Module, max_loras: int, max_rank: int, max_cpu_loras: int,
+                 model_dtype: torch.dtype = torch.float32):
         self.model, self.max_loras, self.max_rank = model, max_loras, max_rank
         self.max_cpu_loras = max_cpu_loras
-        self.layers: dict[str, LoRALinear] = wrap_linears(model, max_loras, max_rank)
+        self.layers: dict[str, LoRALinear] = wrap_linears(model, max_loras, max_rank, model_dtype)
         self.cpu: OrderedDict[int, Adapter] = OrderedDict()  # id -> checked adapter
         # request -> slot, least recently used first. Keyed by the whole request, not its id, and never changed
         # but by steps: tensor-parallel ranks see the same steps (not the same remove calls), so pick the same slots.

@@ -24,7 +24,7 @@ def lora_report(config: Any) -> dict[str, Any]:
         model = cls(config.dims)
         if config.tensor_parallel_size > 1:
             model.weight_shards = shard_model(model, 0, config.tensor_parallel_size)
-        layers = wrap_linears(model, config.max_loras, config.max_lora_rank)
+        layers = wrap_linears(model, config.max_loras, config.max_lora_rank, DTYPES[config.model_dtype])
     per_slot = sum(layer.slot_bytes() for layer in layers.values())
     slots = config.max_loras + 1  # and the zero slot the base model's rows read
     return {"max_loras": config.max_loras, "max_lora_rank": config.max_lora_rank, "num_linears": len(layers),

@@ -16,15 +16,16 @@ from runtime.kernels.lora import (
 )
 
 
-def pools(slots: int, rank: int, dim: int, out: int, seed: int, device: str = "cpu"):
-    """Random A, B and bias for `slots` adapters plus the zero slot (last)."""
+def pools(slots: int, rank: int, dim: int, out: int, seed: int, device: str = "cpu", dtype=torch.float32):
+    """Random A, B (in `dtype`: a bfloat16 model's pools are bfloat16) and a float32 bias for `slots` adapters plus
+    the zero slot (last)."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(slots + 1, rank, dim, generator=g)
     b = torch.randn(slots + 1, rank, out, generator=g)
     bias = torch.randn(slots + 1, out, generator=g)
     for t in (a, b, bias):
         t[-1] = 0
-    return a.to(device), b.to(device), bias.to(device)
+    return a.to(device, dtype), b.to(device, dtype), bias.to(device)
 
 
 def rows(count: int, slots: int, seed: int, device: str = "cpu") -> torch.Tensor:
@@ -43,15 +44,16 @@ def loop_oracle(x, a, b, bias, indices, y):
 
 # (rows, slots, rank, in, out): one row; decode batches across the reference's row groups; a rank of 1 and of 5.
 SHAPES = [(1, 1, 4, 64, 96), (7, 3, 5, 33, 70), (ROWS_PER_GATHER + 3, 4, 16, 80, 130), (40, 2, 1, 16, 8)]
-# The native kernels group rows by slot in chunks of 8 and use threads above 4M multiply-adds: a prefill-sized
+# The native kernels group rows by slot in chunks of 8 and use threads above 128K multiply-adds: a prefill-sized
 # call crosses both (about 200 rows per adapter).
 NATIVE_SHAPES = SHAPES + [(800, 3, 16, 512, 520)]
 
 
+@pytest.mark.parametrize("pool", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_reference_is_each_rows_own_adapter(shape):
+def test_reference_is_each_rows_own_adapter(shape, pool):
     n, slots, rank, dim, out = shape
-    a, b, bias = pools(slots, rank, dim, out, seed=n)
+    a, b, bias = pools(slots, rank, dim, out, seed=n, dtype=pool)
     x, y, indices = torch.randn(n, dim), torch.randn(n, out), rows(n, slots, seed=n)
     expected = loop_oracle(x, a, b, bias, indices, y)
     lora_expand_ref(lora_shrink_ref(x, a, indices), b, bias, indices, y)
@@ -71,11 +73,12 @@ native = pytest.mark.skipif(not cpu_native.available(), reason="the native CPU k
 
 
 @native
+@pytest.mark.parametrize("pool", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", NATIVE_SHAPES)
-def test_native_matches_the_reference(shape, dtype):
+def test_native_matches_the_reference(shape, dtype, pool):
     n, slots, rank, dim, out = shape
-    a, b, bias = pools(slots, rank, dim, out, seed=n + 1)
+    a, b, bias = pools(slots, rank, dim, out, seed=n + 1, dtype=pool)
     x, indices = torch.randn(n, dim).to(dtype), rows(n, slots, seed=n + 1)
     wide = torch.randn(n, out + 9).to(dtype)  # y as a view with a row stride wider than its width
     y_ref, y_native = wide.clone()[:, 3:3 + out], wide.clone()[:, 3:3 + out]

@@ -60,3 +60,38 @@ def test_captured_decode_steps_with_adapters_equal_eager_ones(case):
         graphs = llm.engine.runner.graphs
     assert results[False] == results[True]
     assert ("lora", 2) in graphs.graphs and not graphs.disabled
+
+
+@pytest.mark.parametrize("name", ["llama", "bamba"])
+def test_a_bfloat16_model_reads_bfloat16_slots_and_stays_as_close_as_peft_does(name, tmp_path, tokenizer_dir):
+    """A bfloat16 model's slots are bfloat16 (PEFT loads an adapter in the model's dtype; half the bytes a step
+    reads), and its adapted logits lose no more to bfloat16 than transformers + peft's own bfloat16 forward."""
+    import copy
+
+    import torch
+
+    # At a trained model's weight scale: the tiny models' 0.3 amplifies bfloat16's rounding chaotically.
+    hf = build_checkpoint(name, tmp_path / "model", tokenizer_dir, initializer_range=0.125)
+    peft = make_adapter(hf, tmp_path / "adapter", seed=3, r=8, lora_alpha=16, target_modules=targets(linear_names(hf)))
+    lora = LoRARequest("adapter", 1, str(tmp_path / "adapter"))
+    prompts = [[5, 17, 99, 42, 7, 8], list(range(30, 70))]
+
+    def logprobs(dtype):
+        llm = LLM(tmp_path / "model", dtype=dtype, enable_lora=True)
+        pools = {layer.lora_a.dtype for layer in llm.engine.runner.lora.layers.values()}
+        assert pools == {torch.bfloat16 if dtype == "bfloat16" else torch.float32}
+        params = SamplingParams(temperature=0, max_tokens=1, logprobs=20)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                               lora_request=lora)
+        return [out.outputs[0].logprobs[0] for out in outputs]
+
+    exact, got = logprobs("float32"), logprobs("bfloat16")
+    peft_bf16 = copy.deepcopy(peft).to(torch.bfloat16)
+    with torch.no_grad():
+        for prompt, want, have in zip(prompts, exact, got):
+            theirs = torch.log_softmax(peft_bf16(torch.tensor([prompt])).logits[0, -1].float(), -1)
+            common = [t for t in want if t in have]
+            assert len(common) >= 10, (name, len(common))  # the same top tokens, mostly
+            error = max(abs(have[t].logprob - want[t].logprob) for t in common)
+            peft_error = max(abs(theirs[t].item() - want[t].logprob) for t in common)
+            assert error <= 2 * peft_error + 1e-3, (name, error, peft_error)

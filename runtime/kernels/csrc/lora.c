@@ -1,5 +1,6 @@
 /* Batched LoRA for the CPU (Punica's BGMV; runtime/kernels/lora.py holds the torch reference and the contract):
- * every token row multiplies by the adapter in its own slot of a float32 pool; x and y are float32 or bfloat16.
+ * every token row multiplies by the adapter in its own slot of a pool (float32, or bfloat16 for a bfloat16 model,
+ * widened as it is read; the sums are float32); x and y are float32 or bfloat16.
  *
  *   shrink: s[t, r] = sum_k x[t, k] A[slot[t], r, k]
  *   expand: y[t, n] += sum_r s[t, r] B[slot[t], r, n] + bias[slot[t], n]     (B stored (R, out): rows of it added)
@@ -118,8 +119,14 @@ static int lora_chunks(const int64_t *indices, int64_t skip_slot, int rows, int 
     return chunks;
 }
 
-void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const float *a, const int64_t *indices,
-                        int64_t skip_slot, int rows, int rank, int dim, float *out, int num_threads) {
+/* A bfloat16 pool's values, widened (exactly) into float32. */
+static inline void lora_widen(const uint16_t *from, float *to, int64_t count) {
+    for (int64_t i = 0; i < count; i++) to[i] = lora_bf16_load(from + i);
+}
+
+void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const void *a, int a_bf16,
+                        const int64_t *indices, int64_t skip_slot, int rows, int rank, int dim, float *out,
+                        int num_threads) {
     int *order = malloc(sizeof(int) * ((size_t)rows * 2 + 1)), *chunk_start = order + rows;
     for (int t = 0; t < rows; t++)
         if (indices[t] == skip_slot) memset(out + (int64_t)t * rank, 0, sizeof(float) * rank);
@@ -128,8 +135,12 @@ void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const float
     if (chunks > 1 && num_threads > 1 && (int64_t)rows * rank * dim >= LORA_PARALLEL_MIN)
     for (int c = 0; c < chunks; c++) {
         const int *mine = order + chunk_start[c], n = chunk_start[c + 1] - chunk_start[c];
-        const float *pool = a + indices[mine[0]] * rank * (int64_t)dim;
-        /* bfloat16 rows are widened (exactly) once per chunk, not once per rank row, nor by a float32 copy of x. */
+        const int64_t offset = indices[mine[0]] * rank * (int64_t)dim;
+        /* A bfloat16 slot (a bfloat16 model's pool: half the bytes to read) and bfloat16 rows are widened once
+         * per chunk, not once per rank row, nor by a float32 copy of x. */
+        float *slot_a = a_bf16 ? malloc(sizeof(float) * (size_t)rank * dim) : NULL;
+        if (slot_a) lora_widen((const uint16_t *)a + offset, slot_a, (int64_t)rank * dim);
+        const float *pool = slot_a ? slot_a : (const float *)a + offset;
         float *wide = x_bf16 ? malloc(sizeof(float) * (size_t)n * dim) : NULL;
         for (int i = 0; wide && i < n; i++) {
             const uint16_t *row = (const uint16_t *)x + mine[i] * x_stride;
@@ -157,15 +168,25 @@ void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const float
             }
         }
         free(wide);
+        free(slot_a);
     }
     free(order);
+}
+
+/* `width` values of a pool from `offset`: in place for float32, widened into `wide` for bfloat16. */
+static inline const float *lora_pool_row(const void *pool, int pool_bf16, int64_t offset, int width, float *wide) {
+    if (!pool_bf16) return (const float *)pool + offset;
+    lora_widen((const uint16_t *)pool + offset, wide, width);
+    return wide;
 }
 
 /* delta[i][n] = bias[n] + sum_r s_i[r] B[r, n] for `rows` rows (1, or LORA_EXPAND_ROWS sharing B's reads as
  * independent chains) over one block of `width` features. Each output is the bias plus its terms in order of r,
  * however many rows. Full blocks of the blocked path keep their sums in registers (vector extension). */
-static inline void lora_expand_rows(const float *const *rows_s, const float *pool, const float *add, int rank,
-                                    int out_features, int width, float (*delta)[LORA_BLOCK_N], const int rows) {
+static inline void lora_expand_rows(const float *const *rows_s, const void *pool, int pool_bf16, const float *add,
+                                    int rank, int out_features, int width, float (*delta)[LORA_BLOCK_N],
+                                    const int rows) {
+    float wide[LORA_BLOCK_N];  /* a bfloat16 pool's row of the block, widened */
     if (rows > 1 && width == LORA_BLOCK_N) {
         enum { VECS = LORA_BLOCK_N / LORA_LANES };
         lora_v16 acc[LORA_EXPAND_ROWS][VECS], wv[VECS];
@@ -173,7 +194,7 @@ static inline void lora_expand_rows(const float *const *rows_s, const float *poo
         for (int i = 0; i < LORA_EXPAND_ROWS; i++)
             for (int v = 0; v < VECS; v++) acc[i][v] = wv[v];
         for (int r = 0; r < rank; r++) {
-            const float *w = pool + (int64_t)r * out_features;
+            const float *w = lora_pool_row(pool, pool_bf16, (int64_t)r * out_features, width, wide);
             for (int v = 0; v < VECS; v++) memcpy(&wv[v], w + v * LORA_LANES, sizeof wv[v]);
             for (int i = 0; i < LORA_EXPAND_ROWS; i++) {
                 const float sv = rows_s[i][r];
@@ -186,7 +207,7 @@ static inline void lora_expand_rows(const float *const *rows_s, const float *poo
     for (int i = 0; i < rows; i++)
         for (int n = 0; n < width; n++) delta[i][n] = add[n];
     for (int r = 0; r < rank; r++) {
-        const float *w = pool + (int64_t)r * out_features;
+        const float *w = lora_pool_row(pool, pool_bf16, (int64_t)r * out_features, width, wide);
         for (int i = 0; i < rows; i++) {
             const float sv = rows_s[i][r];
             for (int n = 0; n < width; n++) delta[i][n] += sv * w[n];
@@ -194,9 +215,9 @@ static inline void lora_expand_rows(const float *const *rows_s, const float *poo
     }
 }
 
-void tandem_lora_expand(const float *s, const float *b, const float *bias, const int64_t *indices, int64_t skip_slot,
-                        int rows, int rank, int out_features, void *y, int y_bf16, int64_t y_stride,
-                        int num_threads) {
+void tandem_lora_expand(const float *s, const void *b, int b_bf16, const float *bias, const int64_t *indices,
+                        int64_t skip_slot, int rows, int rank, int out_features, void *y, int y_bf16,
+                        int64_t y_stride, int num_threads) {
     int *order = malloc(sizeof(int) * ((size_t)rows * 2 + 1)), *chunk_start = order + rows;
     const int chunks = lora_chunks(indices, skip_slot, rows, order, chunk_start);
     const int blocks = (out_features + LORA_BLOCK_N - 1) / LORA_BLOCK_N;
@@ -208,16 +229,19 @@ void tandem_lora_expand(const float *s, const float *b, const float *bias, const
         const int n1 = n0 + LORA_BLOCK_N < out_features ? n0 + LORA_BLOCK_N : out_features;
         const int *mine = order + chunk_start[c], count = chunk_start[c + 1] - chunk_start[c], width = n1 - n0;
         const int64_t slot = indices[mine[0]];
-        const float *pool = b + slot * (int64_t)rank * out_features + n0, *add = bias + slot * out_features + n0;
+        const int64_t offset = slot * (int64_t)rank * out_features + n0;
+        const void *pool = b_bf16 ? (const void *)((const uint16_t *)b + offset)
+                                  : (const void *)((const float *)b + offset);
+        const float *add = bias + slot * out_features + n0;
         for (int i0 = 0; i0 < count; i0 += LORA_EXPAND_ROWS) {
             const int m = count - i0 < LORA_EXPAND_ROWS ? count - i0 : LORA_EXPAND_ROWS;
             const float *rows_s[LORA_EXPAND_ROWS];
             for (int i = 0; i < LORA_EXPAND_ROWS; i++) rows_s[i] = s + (int64_t)mine[i0 + (i < m ? i : m - 1)] * rank;
             float delta[LORA_EXPAND_ROWS][LORA_BLOCK_N];
             if (m == 1)  /* batch 1 (and a last odd row): padded rows would only add work */
-                lora_expand_rows(rows_s, pool, add, rank, out_features, width, delta, 1);
+                lora_expand_rows(rows_s, pool, b_bf16, add, rank, out_features, width, delta, 1);
             else
-                lora_expand_rows(rows_s, pool, add, rank, out_features, width, delta, LORA_EXPAND_ROWS);
+                lora_expand_rows(rows_s, pool, b_bf16, add, rank, out_features, width, delta, LORA_EXPAND_ROWS);
             for (int i = 0; i < m; i++) {
                 const int64_t t = mine[i0 + i];
                 if (y_bf16) {

@@ -561,7 +561,8 @@ int64_t panel_gemm_dtypes() { return tandem_panel_gemm_dtypes(); }
 
 bool amx_ready() { return tandem_amx_ready() != 0; }
 
-// Batched LoRA (lora.c). The pools are float32 (S, R, in), (S, R, out), (S, out); the last slot is the zero slot
+// Batched LoRA (lora.c). The pools are (S, R, in), (S, R, out) in float32 or bfloat16 (the model's) and a float32
+// bias (S, out); the last slot is the zero slot
 // the base model's rows point at, and the kernels skip those rows.
 void lora_indices(const Args &args, const Tensor &indices, int64_t rows, int64_t slots) {
   args.tensor("indices", indices, {ScalarType::Long}, 1);
@@ -577,14 +578,14 @@ void lora_shrink(const Tensor &x, const Tensor &lora_a, const Tensor &indices, c
   const Args args("lora_shrink");
   args.tensor("x", x, kNative, 2);
   args.contiguous_from("x", x, 1);
-  args.tensor("lora_a", lora_a, {ScalarType::Float}, 3);
+  args.tensor("lora_a", lora_a, kNative, 3);
   args.contiguous("lora_a", lora_a);
   args.shape("lora_a", lora_a, {lora_a.size(0), lora_a.size(1), x.size(1)});
   lora_indices(args, indices, x.size(0), lora_a.size(0));
   args.tensor("out", out, {ScalarType::Float}, 2);
   args.shape("out", out, {x.size(0), lora_a.size(1)});
   args.contiguous("out", out);
-  tandem_lora_shrink(x.data_ptr(), bf16(x), x.stride(0), lora_a.data_ptr<float>(), indices.data_ptr<int64_t>(),
+  tandem_lora_shrink(x.data_ptr(), bf16(x), x.stride(0), lora_a.data_ptr(), bf16(lora_a), indices.data_ptr<int64_t>(),
                      lora_a.size(0) - 1, args.count("x", x.size(0)), args.count("lora_a", lora_a.size(1)),
                      args.count("x", x.size(1)), out.data_ptr<float>(), threads());
 }
@@ -594,7 +595,7 @@ void lora_expand(const Tensor &s, const Tensor &lora_b, const Tensor &lora_bias,
   const Args args("lora_expand");
   args.tensor("s", s, {ScalarType::Float}, 2);
   args.contiguous("s", s);
-  args.tensor("lora_b", lora_b, {ScalarType::Float}, 3);
+  args.tensor("lora_b", lora_b, kNative, 3);
   args.contiguous("lora_b", lora_b);
   args.shape("lora_b", lora_b, {lora_b.size(0), s.size(1), lora_b.size(2)});
   args.tensor("lora_bias", lora_bias, {ScalarType::Float}, 2);
@@ -604,7 +605,7 @@ void lora_expand(const Tensor &s, const Tensor &lora_b, const Tensor &lora_bias,
   args.tensor("y", y, kNative, 2);
   args.shape("y", y, {s.size(0), lora_b.size(2)});
   args.contiguous_from("y", y, 1);
-  tandem_lora_expand(s.data_ptr<float>(), lora_b.data_ptr<float>(), lora_bias.data_ptr<float>(),
+  tandem_lora_expand(s.data_ptr<float>(), lora_b.data_ptr(), bf16(lora_b), lora_bias.data_ptr<float>(),
                      indices.data_ptr<int64_t>(), lora_b.size(0) - 1, args.count("s", s.size(0)),
                      args.count("s", s.size(1)), args.count("lora_b", lora_b.size(2)), y.data_ptr(), bf16(y),
                      y.stride(0), threads());

@@ -75,12 +75,14 @@ void tandem_store_kv(const void *key, int64_t key_token_stride, int64_t key_head
                      const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int elem_bytes,
                      int num_threads);
 
-/* lora.c: batched LoRA over float32 slot pools (runtime/kernels/lora.py); rows in skip_slot are left alone. */
-void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const float *a, const int64_t *indices,
-                        int64_t skip_slot, int rows, int rank, int dim, float *out, int num_threads);
-void tandem_lora_expand(const float *s, const float *b, const float *bias, const int64_t *indices, int64_t skip_slot,
-                        int rows, int rank, int out_features, void *y, int y_bf16, int64_t y_stride,
+/* lora.c: batched LoRA over float32 or bfloat16 slot pools (runtime/kernels/lora.py); rows in skip_slot are left
+ * alone. */
+void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const void *a, int a_bf16,
+                        const int64_t *indices, int64_t skip_slot, int rows, int rank, int dim, float *out,
                         int num_threads);
+void tandem_lora_expand(const float *s, const void *b, int b_bf16, const float *bias, const int64_t *indices,
+                        int64_t skip_slot, int rows, int rank, int out_features, void *y, int y_bf16,
+                        int64_t y_stride, int num_threads);
 
 #ifdef __cplusplus
 }
