@@ -23,6 +23,8 @@
  * step calls the two kernels for every linear of the model, and a 32-row rank-16 call is ~0.1 ms of one core;
  * on a loaded machine each parallel region waits for a descheduled thread, which measured ~8 ms a call). */
 #define LORA_PARALLEL_MIN 131072
+/* ... or when one slot's B is this many values (a batch-1 expand of a wide linear reads 64 KiB or more of it). */
+#define LORA_PARALLEL_READ 32768
 
 static inline float lora_bf16_load(const uint16_t *p) {
     uint32_t bits = (uint32_t)(*p) << 16;
@@ -40,20 +42,39 @@ static inline uint16_t lora_bf16_store(float value) {
     return (uint16_t)(bits >> 16);
 }
 
-static inline float lora_dot(const float *a, const float *x, int n) {
+/* Value i of a slot's row: float32, or bfloat16 widened (exactly). `bf16` is a constant at each call. */
+static inline float lora_at(const void *row, const int bf16, int64_t i) {
+    return bf16 ? lora_bf16_load((const uint16_t *)row + i) : ((const float *)row)[i];
+}
+
+static inline float lora_dot(const void *a, const int a_bf16, const float *x, int n) {
     float lanes[LORA_LANES] = {0};
     int i = 0;
     for (; i + LORA_LANES <= n; i += LORA_LANES)
-        for (int j = 0; j < LORA_LANES; j++) lanes[j] += a[i + j] * x[i + j];
+        for (int j = 0; j < LORA_LANES; j++) lanes[j] += lora_at(a, a_bf16, i + j) * x[i + j];
     float total = 0.0f;
     for (int j = 0; j < LORA_LANES; j++) total += lanes[j];
-    for (; i < n; i++) total += a[i] * x[i];
+    for (; i < n; i++) total += lora_at(a, a_bf16, i) * x[i];
     return total;
 }
 
 /* Sixteen floats, one AVX-512 register (two AVX registers elsewhere): GCC's and Clang's vector extension, which
  * keeps the blocked sums below in registers where plain arrays of lanes were spilled. */
 typedef float lora_v16 __attribute__((vector_size(LORA_LANES * sizeof(float))));
+typedef uint16_t lora_h16 __attribute__((vector_size(LORA_LANES * sizeof(uint16_t))));
+typedef uint32_t lora_u16 __attribute__((vector_size(LORA_LANES * sizeof(uint32_t))));
+
+/* Sixteen values of a slot's row from i into *v, bfloat16 widened by a shift in registers. */
+static inline void lora_load16(lora_v16 *v, const void *row, const int bf16, int64_t i) {
+    if (bf16) {
+        lora_h16 half;
+        memcpy(&half, (const uint16_t *)row + i, sizeof half);
+        const lora_u16 bits = __builtin_convertvector(half, lora_u16) << 16;
+        memcpy(v, &bits, sizeof *v);
+    } else {
+        memcpy(v, (const float *)row + i, sizeof *v);
+    }
+}
 
 /* Rows summed at once: 8 chains of 16 lanes fill a quarter of AVX-512's 32 registers. Without AVX-512, blocking
  * measured slower than one row at a time (GCC spills the 16-lane sums of several rows), so the kernels keep
@@ -73,13 +94,14 @@ typedef float lora_v16 __attribute__((vector_size(LORA_LANES * sizeof(float))));
  * row is read once for all of them. Each output sums exactly as lora_dot does (16 lanes, then the lanes in
  * order, then the tail), so the blocking changes no bit. `rows` (2, 4 or LORA_DOT_ROWS) is a constant at each
  * call, so that the loops unroll; a block of fewer rows repeats its last row, whose extra results are dropped. */
-static inline void lora_dots(const float *a, const float *const *x, int n, float *out, const int rows) {
+static inline void lora_dots(const void *a, const int a_bf16, const float *const *x, int n, float *out,
+                             const int rows) {
     assert(rows <= LORA_DOT_ROWS);
     lora_v16 acc[LORA_DOT_ROWS], av, xv;
     for (int row = 0; row < rows; row++) acc[row] = (lora_v16){0};
     int i = 0;
     for (; i + LORA_LANES <= n; i += LORA_LANES) {
-        memcpy(&av, a + i, sizeof av);
+        lora_load16(&av, a, a_bf16, i);
         for (int row = 0; row < rows; row++) {
             memcpy(&xv, x[row] + i, sizeof xv);
             acc[row] += av * xv;
@@ -88,7 +110,7 @@ static inline void lora_dots(const float *a, const float *const *x, int n, float
     for (int row = 0; row < rows; row++) {
         float total = 0.0f;
         for (int j = 0; j < LORA_LANES; j++) total += acc[row][j];
-        for (int k = i; k < n; k++) total += a[k] * x[row][k];
+        for (int k = i; k < n; k++) total += lora_at(a, a_bf16, k) * x[row][k];
         out[row] = total;
     }
 }
@@ -119,6 +141,20 @@ static int lora_chunks(const int64_t *indices, int64_t skip_slot, int rows, int 
     return chunks;
 }
 
+/* The dots of one row of A with `m` rows of x, in blocks that unroll (`a_bf16` a constant at each call). */
+static inline __attribute__((always_inline)) void lora_shrink_rows(const void *row_a, const int a_bf16,
+                                                                   const float *const *rows_x, int m, int dim,
+                                                                   float *dots) {
+    if (LORA_DOT_ROWS == 1 || m == 1)  /* one row (batch 1): padded rows would only cost loads */
+        dots[0] = lora_dot(row_a, a_bf16, rows_x[0], dim);
+    else if (m == 2)
+        lora_dots(row_a, a_bf16, rows_x, dim, dots, 2);
+    else if (m <= 4)
+        lora_dots(row_a, a_bf16, rows_x, dim, dots, 4);
+    else
+        lora_dots(row_a, a_bf16, rows_x, dim, dots, LORA_DOT_ROWS);
+}
+
 /* A bfloat16 pool's values, widened (exactly) into float32. */
 static inline void lora_widen(const uint16_t *from, float *to, int64_t count) {
     for (int64_t i = 0; i < count; i++) to[i] = lora_bf16_load(from + i);
@@ -136,11 +172,8 @@ void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const void 
     for (int c = 0; c < chunks; c++) {
         const int *mine = order + chunk_start[c], n = chunk_start[c + 1] - chunk_start[c];
         const int64_t offset = indices[mine[0]] * rank * (int64_t)dim;
-        /* A bfloat16 slot (a bfloat16 model's pool: half the bytes to read) and bfloat16 rows are widened once
-         * per chunk, not once per rank row, nor by a float32 copy of x. */
-        float *slot_a = a_bf16 ? malloc(sizeof(float) * (size_t)rank * dim) : NULL;
-        if (slot_a) lora_widen((const uint16_t *)a + offset, slot_a, (int64_t)rank * dim);
-        const float *pool = slot_a ? slot_a : (const float *)a + offset;
+        /* bfloat16 rows are widened once per chunk, not once per rank row, nor by a float32 copy of x; a bfloat16
+         * slot (a bfloat16 model's: half the bytes to read) is widened in registers as it is read. */
         float *wide = x_bf16 ? malloc(sizeof(float) * (size_t)n * dim) : NULL;
         for (int i = 0; wide && i < n; i++) {
             const uint16_t *row = (const uint16_t *)x + mine[i] * x_stride;
@@ -154,21 +187,16 @@ void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const void 
                 rows_x[i] = wide ? wide + (int64_t)row * dim : (const float *)x + mine[row] * x_stride;
             }
             for (int r = 0; r < rank; r++) {
-                const float *row_a = pool + (int64_t)r * dim;
+                const int64_t at = offset + (int64_t)r * dim;
                 float dots[LORA_DOT_ROWS];
-                if (LORA_DOT_ROWS == 1 || m == 1)  /* one row (batch 1): padded rows would only cost loads */
-                    dots[0] = lora_dot(row_a, rows_x[0], dim);
-                else if (m == 2)
-                    lora_dots(row_a, rows_x, dim, dots, 2);
-                else if (m <= 4)
-                    lora_dots(row_a, rows_x, dim, dots, 4);
+                if (a_bf16)
+                    lora_shrink_rows((const uint16_t *)a + at, 1, rows_x, m, dim, dots);
                 else
-                    lora_dots(row_a, rows_x, dim, dots, LORA_DOT_ROWS);
+                    lora_shrink_rows((const float *)a + at, 0, rows_x, m, dim, dots);
                 for (int i = 0; i < m; i++) out[(int64_t)mine[i0 + i] * rank + r] = dots[i];
             }
         }
         free(wide);
-        free(slot_a);
     }
     free(order);
 }
@@ -223,7 +251,8 @@ void tandem_lora_expand(const float *s, const void *b, int b_bf16, const float *
     const int blocks = (out_features + LORA_BLOCK_N - 1) / LORA_BLOCK_N;
     const int64_t tasks = (int64_t)chunks * blocks;
 #pragma omp parallel for num_threads(num_threads) schedule(static) \
-    if (tasks > 1 && num_threads > 1 && (int64_t)rows * rank * out_features >= LORA_PARALLEL_MIN)
+    if (tasks > 1 && num_threads > 1 && ((int64_t)rows * rank * out_features >= LORA_PARALLEL_MIN || \
+                                         (int64_t)rank * out_features >= LORA_PARALLEL_READ))
     for (int64_t task = 0; task < tasks; task++) {
         const int c = (int)(task / blocks), n0 = (int)(task % blocks) * LORA_BLOCK_N;
         const int n1 = n0 + LORA_BLOCK_N < out_features ? n0 + LORA_BLOCK_N : out_features;
