@@ -10,6 +10,7 @@ them, so that steps mix verifies, plain decodes and prefill chunks.
 import random
 
 import pytest
+from spec_helpers import assert_drafts_accepted_and_rejected, run_watching_steps
 from tiny_models import DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model
 
 from runtime import LLM, SamplingParams
@@ -72,37 +73,13 @@ def assert_same(outputs, reference):
             assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
 
 
-def run_watching_steps(llm):
-    """Generate step by step; return the outputs and whether a step mixed a verify, a plain decode and a
-    prefill chunk (the speculator's proposals are a pure function of the tokens, so proposing ahead of
-    the engine shows what its step will hold)."""
-    engine = llm.engine
-    ids = [engine.add_request(p, s) for p, s in zip(PROMPTS, PARAMS)]
-    done, mixed = {}, False
-    while engine.has_unfinished():
-        running = engine.scheduler.running
-        engine.speculator.propose(running)
-        drafted = any(s.spec_token_ids for s in running)
-        plain = any(not s.spec_token_ids and s.num_computed_tokens >= len(s.prompt_token_ids) for s in running)
-        prefill = any(s.num_computed_tokens < len(s.prompt_token_ids) for s in running) or engine.scheduler.waiting
-        mixed |= drafted and plain and bool(prefill)
-        done.update({o.request_id: o for o in engine.step() if o.finished})
-    return [done[i] for i in ids], mixed
-
-
-def assert_drafts_accepted_and_rejected(llm):
-    counters = llm.engine.speculator.counters
-    assert counters.num_drafts > 0
-    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
-
-
 def assert_pool_free(llm):
     assert llm.engine.cache.num_free_pages == llm.engine.cache.num_pages
 
 
 def test_greedy_tokens_and_logprobs_equal_without_speculation(checkpoint, reference):
     llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
-    outputs, mixed = run_watching_steps(llm)
+    outputs, mixed = run_watching_steps(llm, PROMPTS, PARAMS)
     assert_same(outputs, reference)
     assert_drafts_accepted_and_rejected(llm)
     assert mixed, "no step held a verify, a plain decode and a prefill chunk together"

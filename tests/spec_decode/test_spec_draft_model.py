@@ -21,6 +21,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from spec_helpers import run_watching_steps
 from tiny_models import DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model
 
 from runtime import LLM, SamplingParams, StructuredOutputsParams
@@ -123,23 +124,6 @@ def record_proposals(llm):
 
     drafter.propose = recording
     return seen
-
-
-def run_watching_steps(llm, prompts, params):
-    """Generate step by step; return the outputs and whether a step mixed a verify, a plain decode and a
-    prefill chunk (proposals are a pure function of the tokens: proposing ahead shows what the step holds)."""
-    engine = llm.engine
-    ids = [engine.add_request(p, s) for p, s in zip(prompts, params)]
-    done, mixed = {}, False
-    while engine.has_unfinished():
-        running = engine.scheduler.running
-        engine.speculator.propose(running)
-        drafted = any(s.spec_token_ids for s in running)
-        plain = any(not s.spec_token_ids and s.num_computed_tokens >= len(s.prompt_token_ids) for s in running)
-        prefill = any(s.num_computed_tokens < len(s.prompt_token_ids) for s in running) or engine.scheduler.waiting
-        mixed |= drafted and plain and bool(prefill)
-        done.update({o.request_id: o for o in engine.step() if o.finished})
-    return [done[i] for i in ids], mixed
 
 
 def assert_proposals_are_the_drafts_greedy_run(draft, proposals):

@@ -16,6 +16,7 @@ import random
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from spec_helpers import assert_drafts_accepted_and_rejected, run_watching_steps
 from tiny_models import build_deltanet_model
 
 from runtime import LLM, SamplingParams
@@ -84,30 +85,6 @@ def assert_same(outputs, reference):
             assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
 
 
-def run_watching_steps(llm):
-    """Generate step by step; return the outputs and whether a step mixed a verify, a plain decode and a
-    prefill chunk (proposing ahead of the engine shows what its step will hold: the head's drafts are a
-    pure function of its cache, and its entries for the drafts are dropped again)."""
-    engine = llm.engine
-    ids = [engine.add_request(p, s) for p, s in zip(PROMPTS, PARAMS)]
-    done, mixed = {}, False
-    while engine.has_unfinished():
-        running = engine.scheduler.running
-        engine.speculator.propose(running)
-        drafted = any(s.spec_token_ids for s in running)
-        plain = any(not s.spec_token_ids and s.num_computed_tokens >= len(s.prompt_token_ids) for s in running)
-        prefill = any(s.num_computed_tokens < len(s.prompt_token_ids) for s in running) or engine.scheduler.waiting
-        mixed |= drafted and plain and bool(prefill)
-        done.update({o.request_id: o for o in engine.step() if o.finished})
-    return [done[i] for i in ids], mixed
-
-
-def assert_drafts_accepted_and_rejected(llm):
-    counters = llm.engine.speculator.counters
-    assert counters.num_drafts > 0
-    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
-
-
 def assert_released(llm):
     """Every page back in the pool, and no sequence's head cache left behind."""
     engine = llm.engine
@@ -120,7 +97,7 @@ def test_greedy_tokens_and_logprobs_equal_without_speculation(checkpoint):
     reference = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET).generate(PROMPTS, PARAMS,
                                                                                          use_tqdm=False)
     llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
-    outputs, mixed = run_watching_steps(llm)
+    outputs, mixed = run_watching_steps(llm, PROMPTS, PARAMS)
     assert_same(outputs, reference)
     assert_drafts_accepted_and_rejected(llm)
     assert mixed, "no step held a verify, a plain decode and a prefill chunk together"
