@@ -5,28 +5,14 @@ torch's CPU _scaled_mm. Under TRITON_INTERPRET=1 on the CPU (tiny shapes); on a 
 
 import pytest
 import torch
+from test_quant_linear import random_format  # the CPU kernels' inputs: the same formats, the same ranges
 from triton_helpers import DEVICE, needs_device
 
-from runtime.kernels.quant_linear import pack_int4, quant_linear_ref
+from runtime.kernels.quant_linear import quant_linear_ref
 from runtime.kernels.quant_linear_gpu import (fp8_scaled_mm, fp8_scaled_mm_ref, quant_linear_triton,
                                               quantize_rows_fp8, scaled_mm_runs)
 
 pytestmark = needs_device
-
-
-def random_format(fmt: str, n: int, k: int, group_size: int, offsets: bool, generator: torch.Generator):
-    """(qweight, scales, offsets) over the format's whole range (FP8: every byte but NaN)."""
-    groups = -(-k // group_size)
-    if fmt == "int8":
-        q = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=generator)
-    elif fmt == "int4":
-        q = pack_int4(torch.randint(-8, 8, (n, k), dtype=torch.int8, generator=generator))
-    else:
-        raw = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=generator)
-        raw[(raw & 0x7F) == 0x7F] -= 1
-        q = raw.view(torch.float8_e4m3fn)
-    scales = torch.rand(n, groups, generator=generator) + 0.05
-    return q, scales, torch.randn(n, groups, generator=generator) if offsets else None
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
