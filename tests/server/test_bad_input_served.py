@@ -128,3 +128,46 @@ def test_the_openapi_schema_says_what_is_sent(queue_server):
     # What the schema says of a bad body is what a bad body gets.
     response = httpx.post(f"{queue_server.url}/v1/completions", json={"model": MODEL}, timeout=30)
     assert response.status_code == 400
+
+
+def test_a_body_over_the_limit_still_being_sent_gets_its_413_not_a_reset(server):
+    # The 413 is answered on the headers alone while the body is still arriving. A socket closed with bytes
+    # unread sends a reset at once, and drops what it had not sent yet: the 413's body, often. A race, so
+    # several tries.
+    url = urlsplit(server.url)
+    for _ in range(6):
+        with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: tandem\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % (50 * 2**20))
+            try:
+                for _ in range(8):
+                    sock.sendall(b"x" * 2**20)
+            except OSError:
+                pass  # the server stopped reading
+            time.sleep(0.2)  # the 413 has been written and the connection closed by now
+            received = b""
+            while True:
+                try:
+                    data = sock.recv(65536)
+                except ConnectionResetError:
+                    break
+                if not data:
+                    break
+                received += data
+        assert received.startswith(b"HTTP/1.1 413 "), received[:200]
+        assert b"larger than the server's limit" in received, received
+
+
+def test_a_client_that_keeps_sending_after_its_413_is_cut_off(server):
+    # The server drains a refused body only for a while (LINGER_S), so a client cannot hold the socket for ever.
+    from runtime.server.connections import LINGER_S
+
+    url = urlsplit(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: tandem\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (2**40))
+        start = time.monotonic()
+        with pytest.raises(OSError):
+            while time.monotonic() - start < LINGER_S + 20:
+                sock.sendall(b"x" * 2**16)
+                time.sleep(0.001)
