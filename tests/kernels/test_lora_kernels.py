@@ -115,3 +115,21 @@ def test_triton_matches_the_reference(shape, dtype):
     lora_expand_ref(s, b, bias, indices, y_ref)
     lora_expand_triton(s, b, bias, indices, y_triton)
     assert_close(y_triton, y_ref, dtype)
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_rows_do_not_depend_on_their_neighbours(dtype):
+    # Rows of one slot are computed in blocks of 8, 4, 2 or 1 (and bfloat16 ones with another instruction where the
+    # CPU has AVX512-BF16): a request's output must be the same alone as beside others, bit for bit.
+    a, b, bias = pools(2, 16, 200, 96, seed=3, dtype=dtype if dtype == torch.bfloat16 else torch.float32)
+    x = torch.randn(11, 200).to(dtype)
+    indices = torch.tensor([0] * 9 + [1, 0])
+    s_all = cpu_native.lora_shrink_native(x, a, indices)
+    y_all = torch.zeros(11, 96, dtype=dtype)
+    cpu_native.lora_expand_native(s_all, b, bias, indices, y_all)
+    for t in range(11):
+        s_one = cpu_native.lora_shrink_native(x[t:t + 1], a, indices[t:t + 1])
+        y_one = torch.zeros(1, 96, dtype=dtype)
+        cpu_native.lora_expand_native(s_one, b, bias, indices[t:t + 1], y_one)
+        assert torch.equal(s_one[0], s_all[t]) and torch.equal(y_one[0], y_all[t]), t

@@ -17,6 +17,10 @@
 
 #include "tandem_cpu.h"
 
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
 #define LORA_LANES 16
 #define LORA_CHUNK 8    /* rows of one slot that share one read of its weights */
 /* Below this many multiply-adds a call runs on one thread: waking the team costs more than it saves (a decode
@@ -76,6 +80,23 @@ static inline void lora_load16(lora_v16 *v, const void *row, const int bf16, int
     }
 }
 
+/* p[0..16) += delta, for a bfloat16 y: widened, added, rounded as lora_bf16_store does (to nearest even; a NaN
+ * stays NaN), 16 values at a time in registers. */
+static inline void lora_add16_bf16(uint16_t *p, const float *delta) {
+    lora_h16 half;
+    memcpy(&half, p, sizeof half);
+    lora_u16 bits = __builtin_convertvector(half, lora_u16) << 16;
+    lora_v16 v, d;
+    memcpy(&v, &bits, sizeof v);
+    memcpy(&d, delta, sizeof d);
+    v += d;
+    memcpy(&bits, &v, sizeof bits);
+    const lora_u16 nan = (lora_u16)((bits & 0x7fffffffu) > 0x7f800000u);  /* all ones where NaN */
+    const lora_u16 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, quiet = (bits >> 16) | 0x40u;
+    half = __builtin_convertvector((nan & quiet) | (~nan & rounded), lora_h16);
+    memcpy(p, &half, sizeof half);
+}
+
 /* Rows summed at once: 8 chains of 16 lanes fill a quarter of AVX-512's 32 registers. Without AVX-512, blocking
  * measured slower than one row at a time (GCC spills the 16-lane sums of several rows), so the kernels keep
  * the single-row loops there. */
@@ -83,10 +104,12 @@ static inline void lora_load16(lora_v16 *v, const void *row, const int bf16, int
 #define LORA_DOT_ROWS 8
 #define LORA_EXPAND_ROWS 8 /* 8 rows of a 32-feature block: 16 registers of sums (4 rows of 64 measured 2x slower) */
 #define LORA_BLOCK_N 32    /* output features per expand task */
+#define LORA_PREFETCH_BLOCKS 4
 #else
 #define LORA_DOT_ROWS 1    /* the vector extension's 16 lanes spill on AVX2: one row at a time, as lora_dot */
 #define LORA_EXPAND_ROWS 1
 #define LORA_BLOCK_N 64
+#define LORA_PREFETCH_BLOCKS 4
 #endif
 
 /* Dot products of one row of A with the rows `x[0..LORA_CHUNK)` at once: the chunk's rows are independent
@@ -160,6 +183,57 @@ static inline void lora_widen(const uint16_t *from, float *to, int64_t count) {
     for (int64_t i = 0; i < count; i++) to[i] = lora_bf16_load(from + i);
 }
 
+#ifdef __AVX512BF16__
+/* A bfloat16 model's shrink (x and the slots both bfloat16) on a CPU with AVX512-BF16: its dot instruction
+ * multiplies pairs of bfloat16 exactly and adds them into 16 float32 lanes, 32 values an instruction, where the
+ * path below widens both sides and does 16. The sums run in another order than lora_dot's (pairs, then 16 lanes
+ * reduced as a tree), the same for every row whatever its chunk: a row's result does not depend on its
+ * neighbours. `rows` (1, 2, 4 or LORA_DOT_ROWS) is a constant at each call, so that the sums stay in registers. */
+static inline __attribute__((always_inline)) void lora_dots_bf16(const uint16_t *a, const uint16_t *const *x,
+                                                                  int dim, float *out, const int rows) {
+    __m512 acc[LORA_DOT_ROWS];
+    for (int i = 0; i < rows; i++) acc[i] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 32 <= dim; k += 32) {
+        /* the slot's next row of A, a cache line (32 values) a step: the pools are read cold each step, and the
+         * hardware's prefetcher ramps up too late for rows this short */
+        __builtin_prefetch(a + k + dim);
+        const __m512bh av = (__m512bh)_mm512_loadu_si512(a + k);
+        for (int i = 0; i < rows; i++)
+            acc[i] = _mm512_dpbf16_ps(acc[i], av, (__m512bh)_mm512_loadu_si512(x[i] + k));
+    }
+    if (k < dim) {  /* the tail, zero-filled: zero pairs add nothing */
+        const __mmask32 mask = (__mmask32)((1ull << (dim - k)) - 1);
+        const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + k);
+        for (int i = 0; i < rows; i++)
+            acc[i] = _mm512_dpbf16_ps(acc[i], av, (__m512bh)_mm512_maskz_loadu_epi16(mask, x[i] + k));
+    }
+    for (int i = 0; i < rows; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
+}
+
+static void lora_shrink_chunk_bf16(const uint16_t *x, int64_t x_stride, const int *mine, int n, const uint16_t *a,
+                                   int rank, int dim, float *out) {
+    for (int i0 = 0; i0 < n; i0 += LORA_DOT_ROWS) {
+        const int m = n - i0 < LORA_DOT_ROWS ? n - i0 : LORA_DOT_ROWS;
+        const uint16_t *rows_x[LORA_DOT_ROWS];
+        for (int i = 0; i < LORA_DOT_ROWS; i++) rows_x[i] = x + mine[i0 + (i < m ? i : m - 1)] * x_stride;
+        for (int r = 0; r < rank; r++) {
+            const uint16_t *row_a = a + (int64_t)r * dim;
+            float dots[LORA_DOT_ROWS];
+            if (m == 1)
+                lora_dots_bf16(row_a, rows_x, dim, dots, 1);
+            else if (m == 2)
+                lora_dots_bf16(row_a, rows_x, dim, dots, 2);
+            else if (m <= 4)
+                lora_dots_bf16(row_a, rows_x, dim, dots, 4);
+            else
+                lora_dots_bf16(row_a, rows_x, dim, dots, LORA_DOT_ROWS);
+            for (int i = 0; i < m; i++) out[(int64_t)mine[i0 + i] * rank + r] = dots[i];
+        }
+    }
+}
+#endif
+
 void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const void *a, int a_bf16,
                         const int64_t *indices, int64_t skip_slot, int rows, int rank, int dim, float *out,
                         int num_threads) {
@@ -172,6 +246,13 @@ void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const void 
     for (int c = 0; c < chunks; c++) {
         const int *mine = order + chunk_start[c], n = chunk_start[c + 1] - chunk_start[c];
         const int64_t offset = indices[mine[0]] * rank * (int64_t)dim;
+#ifdef __AVX512BF16__
+        if (x_bf16 && a_bf16) {
+            lora_shrink_chunk_bf16((const uint16_t *)x, x_stride, mine, n, (const uint16_t *)a + offset, rank, dim,
+                                   out);
+            continue;
+        }
+#endif
         /* bfloat16 rows are widened once per chunk, not once per rank row, nor by a float32 copy of x; a bfloat16
          * slot (a bfloat16 model's: half the bytes to read) is widened in registers as it is read. */
         float *wide = x_bf16 ? malloc(sizeof(float) * (size_t)n * dim) : NULL;
@@ -215,21 +296,24 @@ static inline void lora_expand_rows(const float *const *rows_s, const void *pool
                                     int rank, int out_features, int width, float (*delta)[LORA_BLOCK_N],
                                     const int rows) {
     float wide[LORA_BLOCK_N];  /* a bfloat16 pool's row of the block, widened */
-    if (rows > 1 && width == LORA_BLOCK_N) {
+    if (LORA_EXPAND_ROWS > 1 && width == LORA_BLOCK_N) {  /* one row too (batch 1): B widened in registers */
         enum { VECS = LORA_BLOCK_N / LORA_LANES };
         lora_v16 acc[LORA_EXPAND_ROWS][VECS], wv[VECS];
         for (int v = 0; v < VECS; v++) memcpy(&wv[v], add + v * LORA_LANES, sizeof wv[v]);
-        for (int i = 0; i < LORA_EXPAND_ROWS; i++)
+        for (int i = 0; i < rows; i++)
             for (int v = 0; v < VECS; v++) acc[i][v] = wv[v];
         for (int r = 0; r < rank; r++) {
-            const float *w = lora_pool_row(pool, pool_bf16, (int64_t)r * out_features, width, wide);
-            for (int v = 0; v < VECS; v++) memcpy(&wv[v], w + v * LORA_LANES, sizeof wv[v]);
-            for (int i = 0; i < LORA_EXPAND_ROWS; i++) {
+            /* widened in registers as it is read (the path below widens a block into memory first) */
+            for (int v = 0; v < VECS; v++) lora_load16(&wv[v], pool, pool_bf16, (int64_t)r * out_features + v * LORA_LANES);
+            /* the same row's block PREFETCH_BLOCKS tasks ahead (the next tasks take the next blocks) */
+            __builtin_prefetch((const char *)pool + ((int64_t)r * out_features + LORA_PREFETCH_BLOCKS * LORA_BLOCK_N) *
+                               (pool_bf16 ? 2 : 4));
+            for (int i = 0; i < rows; i++) {
                 const float sv = rows_s[i][r];
                 for (int v = 0; v < VECS; v++) acc[i][v] += sv * wv[v];
             }
         }
-        memcpy(delta, acc, sizeof acc);
+        for (int i = 0; i < rows; i++) memcpy(delta[i], acc[i], sizeof acc[i]);
         return;
     }
     for (int i = 0; i < rows; i++)
@@ -275,7 +359,9 @@ void tandem_lora_expand(const float *s, const void *b, int b_bf16, const float *
                 const int64_t t = mine[i0 + i];
                 if (y_bf16) {
                     uint16_t *p = (uint16_t *)y + t * y_stride + n0;
-                    for (int n = 0; n < width; n++) p[n] = lora_bf16_store(lora_bf16_load(p + n) + delta[i][n]);
+                    int n = 0;
+                    for (; n + LORA_LANES <= width; n += LORA_LANES) lora_add16_bf16(p + n, delta[i] + n);
+                    for (; n < width; n++) p[n] = lora_bf16_store(lora_bf16_load(p + n) + delta[i][n]);
                 } else {
                     float *p = (float *)y + t * y_stride + n0;
                     for (int n = 0; n < width; n++) p[n] += delta[i][n];
