@@ -25,9 +25,11 @@ from runtime.spec_decode.verify import SpecCounters, num_accepted
 
 
 # A verify step runs the prefill path (and, for a captured engine, eagerly), and a rejection replays the
-# accepted tokens: a draft that fails costs about 2-4 plain decode steps (bench/speculative.py). So a
-# request whose verify keeps fewer than half its drafts stops proposing for 4, 8, 16, ... MAX_PAUSE steps,
-# until a verify keeps all its drafts; this changes which steps verify, never the tokens.
+# accepted tokens: on the shipped model a failed verify of 16 drafts and its replay cost about 10 captured
+# decode steps (bench/speculative.py). So a request whose verify keeps fewer than half its drafts stops
+# proposing for 4, 8, 16, ... MAX_PAUSE steps, and from then on proposes only on a match of
+# prompt_lookup_max tokens (a short match that failed was likely a coincidence), until a verify keeps all
+# its drafts. This changes which steps verify, never the tokens.
 FIRST_PAUSE, MAX_PAUSE = 4, 64
 
 
@@ -62,7 +64,9 @@ class Speculator:
 
     def _guess(self, seq: Sequence, room: int) -> list[int]:
         """Up to `room` drafts for a sequence that may speculate (a subclass proposes otherwise)."""
-        return ngram.propose(seq.token_ids, room, self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+        # After drafts failed, only the longest match proposes (see FIRST_PAUSE above).
+        low = self.config.prompt_lookup_max if seq.spec_backoff[1] else self.config.prompt_lookup_min
+        return ngram.propose(seq.token_ids, room, low, self.config.prompt_lookup_max)
 
     def _room(self, seq: Sequence) -> int:
         """How many drafts `seq` may have this step (0: none)."""

@@ -58,3 +58,31 @@ def test_propose_equals_the_definition_on_random_sequences():
         low = rng.randrange(1, 4)
         high, k = rng.randrange(low, 6), rng.randrange(1, 6)
         assert propose(tokens, k, low, high) == brute_force(tokens, k, low, high), (tokens, k, low, high)
+
+
+def test_drafts_that_failed_pause_then_only_the_longest_match_proposes():
+    from runtime import SamplingParams
+    from runtime.sequence import Sequence
+    from runtime.spec_decode.config import SpeculativeConfig
+    from runtime.spec_decode.speculator import FIRST_PAUSE, Speculator, _back_off
+
+    config = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+    speculator = Speculator(config, num_state_groups=0, max_model_len=1000)
+    # "7 8" recurs (a 2-gram match); "1 2 3 7 8" does not recur whole
+    seq = Sequence("r", [1, 2, 3, 7, 8, 9, 10, 11, 12, 4, 5, 6, 7, 8], SamplingParams(max_tokens=100))
+    seq.num_computed_tokens = len(seq.prompt_token_ids)
+    speculator.propose([seq])
+    assert seq.spec_token_ids == [9, 10, 11, 12]
+    _back_off(seq, accepted=0, num_drafts=4)  # the verify kept none
+    for _ in range(FIRST_PAUSE):
+        speculator.propose([seq])
+        assert seq.spec_token_ids == []  # paused
+    speculator.propose([seq])
+    assert seq.spec_token_ids == []  # a 2-gram match no longer proposes after a failure
+    seq.output_token_ids = [9, 10, 11, 12, 4, 5, 6, 7]  # now "5 6 7 8" ... "4 5 6 7" recurs: a 4-gram match
+    speculator.propose([seq])
+    assert seq.spec_token_ids == [8, 9, 10, 11]
+    _back_off(seq, accepted=4, num_drafts=4)  # a verify that keeps all its drafts ends the probation
+    seq.output_token_ids = []
+    speculator.propose([seq])
+    assert seq.spec_token_ids == [9, 10, 11, 12]
