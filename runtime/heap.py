@@ -58,3 +58,11 @@ def glibc() -> ctypes.CDLL | None:
         return None
     libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return libc
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim), as after loading a model: the float
+    weights a quantized model was made from were freed, but TRIM_THRESHOLD keeps up to 1 GiB of them resident."""
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -25,7 +25,9 @@ from runtime.dtypes import DTYPES
 from runtime.gguf.config import gguf_path
 from runtime.gguf.tokenizer import load_gguf_tokenizer
 from runtime.gguf.weights import load_gguf_weights
+from runtime.kernels.quant_linear import SCHEMES
 from runtime.layers.parallel import Shard
+from runtime.layers.quantized import QuantizingLoad
 from runtime.models.causal_lm import CausalLM
 from runtime.quant import loading as quant_loading
 
@@ -84,17 +86,56 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     )
 
 
+# safetensors' dtype names (its format's header)
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
 def read_tensors(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor], Callable[[], Any]]]:
-    """(name, load, lazy) for each tensor of one file; safetensors reads a tensor only when asked, and
-    `lazy()` (a safetensors slice) reads only the part a tensor-parallel rank indexes."""
+    """(name, load, lazy) for each tensor of one file; a tensor is read only when asked, and `lazy()` (a
+    safetensors slice) reads only the part a tensor-parallel rank indexes.
+
+    `load()` reads a safetensors tensor with plain reads rather than from safetensors' memory map: every page
+    of a mapped file that was read counts in the process's resident memory until the file is closed, so a
+    2 GB checkpoint read through the map added 2 GB to the peak of a run that keeps 1 GB of quantized weights."""
     if path.suffix == ".safetensors":
-        with safe_open(path, framework="pt") as f:
+        base, header = _safetensors_header(path)
+        with safe_open(path, framework="pt") as f, open(path, "rb") as raw:
             for name in f.keys():
-                yield name, lambda name=name: f.get_tensor(name), lambda name=name: f.get_slice(name)
+                entry = header[name]
+                load = (lambda entry=entry: _read_tensor(raw, base, entry)) if entry["dtype"] in SAFETENSORS_DTYPES \
+                    else (lambda name=name: f.get_tensor(name))
+                yield name, load, lambda name=name: f.get_slice(name)
         return
     tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     for name, tensor in tensors.items():
         yield name, lambda tensor=tensor: tensor, lambda tensor=tensor: tensor
+
+
+def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
+    """Where a safetensors file's data begins, and its header: name -> dtype, shape, data_offsets."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return 8 + size, header
+
+
+def _read_tensor(file: Any, base: int, entry: dict[str, Any]) -> torch.Tensor:
+    tensor = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
+    start, end = entry["data_offsets"]
+    if end > start:
+        view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        assert len(view) == end - start, (entry, len(view))
+        file.seek(base + start)
+        done = 0
+        while done < len(view):
+            count = file.readinto(view[done:])
+            if not count:
+                raise CheckpointError(f"{file.name}: the file ends inside a tensor; is it whole?")
+            done += count
+    return tensor
 
 
 @contextlib.contextmanager
@@ -147,7 +188,11 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     # With pipeline parallelism, the layers of other stages are dropped before anything is allocated.
     # A quantized checkpoint's linears never get float memory either: they are swapped for placeholders first.
     quant = config.checkpoint_quantization
-    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(tp > 1 or pp > 1 or quant is not None):
+    # On-the-fly quantization on one process quantizes each linear as soon as it is loaded (QuantizingLoad); a
+    # tensor-parallel rank or pipeline stage holds only its part of the float weights, and quantizes them after.
+    streaming = config.quantization in SCHEMES and tp == 1 and pp == 1 and quant is None
+    on_meta = tp > 1 or pp > 1 or quant is not None or streaming
+    with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(on_meta):
         model = cls(config.dims)
     files = checkpoint_files(config.model_dir)
     # Planned on the whole model (the file and config.json must agree on every linear, whatever the stage).
@@ -165,7 +210,9 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
     if stage is not None and pending:  # other stages' quantized linears: their tensors are not read
         pending, dropped = quant_loading.keep_stage(model, pending)
         elsewhere |= dropped
-    load_weights(model, files, shards, state.rank(), tp, names, elsewhere, pending)
+    quantizing = QuantizingLoad(model, config.quantization) if streaming else None
+    load_weights(model, files, shards, state.rank(), tp, names, elsewhere, pending,
+                 quantizing.loaded if quantizing is not None else None)
     quant_loading.finish(model, pending, device)
     if stage is not None:
         model.stage_model = stage
@@ -220,12 +267,14 @@ def _read_shard(shard: Shard, load: Callable[[], torch.Tensor], lazy: Callable[[
 
 def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | None = None, rank: int = 0,
                  tp: int = 1, names: dict[str, str] | None = None, elsewhere: set[str] | None = None,
-                 pending: dict[str, Any] | None = None) -> None:
+                 pending: dict[str, Any] | None = None,
+                 on_loaded: Callable[[str], list[str]] | None = None) -> None:
     """Fill every parameter from the checkpoint; a sharded one (`shards`, for `rank` of `tp`) reads only its part.
 
     A pipeline stage's parameters go by their whole-model names (`names`: ours -> the checkpoint's), and the
     tensors of other stages' parameters (`elsewhere`) are not read; the tensors of a quantized linear
-    (`pending`, runtime.quant.loading) are kept for its conversion."""
+    (`pending`, runtime.quant.loading) are kept for its conversion. `on_loaded(name)`, after each parameter is
+    filled, returns the parameters it replaced (on-the-fly quantization): they are let go at once."""
     params, shards, elsewhere = dict(model.named_parameters()), shards or {}, elsewhere or set()
     if names is not None:
         params = {names[n]: p for n, p in params.items()}
@@ -252,6 +301,9 @@ def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | 
             with torch.no_grad():
                 param.copy_(tensor)
             loaded.add(target)
+            del param, tensor
+            for released in on_loaded(target) if on_loaded is not None else ():
+                del params[released]
     if unexpected:
         raise CheckpointError(f"unexpected tensors in the checkpoint: {_names(unexpected)}")
     missing = sorted(set(params) - loaded)

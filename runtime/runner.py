@@ -15,7 +15,7 @@ from runtime.context import ForwardContext, GeneratedSplit, forward_context
 from runtime.decode_graph import DecodeGraphs
 from runtime.distributed.pipeline import allocate_stage_pool, run_stage, stage_bytes_per_page_id
 from runtime.dtypes import DTYPES
-from runtime.heap import keep_freed_memory
+from runtime.heap import keep_freed_memory, release_freed_memory
 from runtime.kernels import cpu_native
 from runtime.kernels.metadata import build_attention_metadata, build_mamba_prefill_metadata
 from runtime.kernels.quant_linear import SCHEMES
@@ -100,6 +100,8 @@ class ModelRunner:
                         weight_bytes(self.model) / 2**20)
         if self.device.type == "cpu" and self.kernel_backend == "torch":
             pack_linears(self.model)
+        if self.device.type == "cpu":
+            release_freed_memory()  # the float weights that quantizing or packing replaced
         self.lora = make_lora_manager(self.model, config)  # after packing: the slots wrap the packed linears
         self.num_pages = self._num_pages()
         self._check_checkpoint_room()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runtime.heap import release_freed_memory
 from runtime.kernels.quant_linear import SCHEMES, quant_linear, quantize
 from runtime.layers.moe import StackedLinear
 
@@ -91,22 +92,67 @@ def quantizes(name: str) -> bool:
 
 def quantize_linears(model: nn.Module, scheme: str) -> int:
     """Replace the decoder layers' nn.Linear and StackedLinear modules of `model` by their quantized
-    counterparts; returns how many. A tensor-parallel rank's row-parallel shard (`model.weight_shards` cuts its
-    inputs) is quantized with the scales of the whole weight (runtime/quant/parallel.py)."""
-    from runtime.quant.parallel import row_scales
+    counterparts (those not quantized yet, as the loader's streaming does: QuantizingLoad); returns how many
+    the model holds. A tensor-parallel rank's row-parallel shard (`model.weight_shards` cuts its inputs) is
+    quantized with the scales of the whole weight (runtime/quant/parallel.py)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization {scheme!r}; use one of {', '.join(SCHEMES)}")
-    targets = [name for name, module in model.named_modules() if type(module) in QUANTIZED and quantizes(name)]
-    shards = getattr(model, "weight_shards", {})
-    for name in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        module = getattr(parent, child)
-        shard = shards.get(f"{name}.weight")
-        rows = shard is not None and shard.dim == module.weight.dim() - 1
-        given = row_scales(name, module.weight.detach(), scheme, shard) if rows else None
-        setattr(parent, child, QUANTIZED[type(module)](module, scheme, given))
-    return len(targets)
+    for name in quantization_targets(model):
+        quantize_module(model, name, scheme)
+    return sum(type(module) in QUANTIZED.values() for module in model.modules())
+
+
+def quantization_targets(model: nn.Module) -> list[str]:
+    """The module paths of the linears `quantize_linears` replaces."""
+    return [name for name, module in model.named_modules() if type(module) in QUANTIZED and quantizes(name)]
+
+
+def quantize_module(model: nn.Module, name: str, scheme: str) -> None:
+    """Replace the linear at `name` by its quantized counterpart (its float weight is freed with it)."""
+    from runtime.quant.parallel import row_scales
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    module = getattr(parent, child)
+    shard = getattr(model, "weight_shards", {}).get(f"{name}.weight")
+    rows = shard is not None and shard.dim == module.weight.dim() - 1
+    given = row_scales(name, module.weight.detach(), scheme, shard) if rows else None
+    setattr(parent, child, QUANTIZED[type(module)](module, scheme, given))
+
+
+class QuantizingLoad:
+    """The loader's hook for on-the-fly quantization: each target linear is quantized as soon as the checkpoint
+    has filled its parameters, so that a model never holds more than one linear's float weights beside the
+    quantized ones (a quantized run's peak memory is then the quantized model's, not the float one's as well:
+    5.2 GB -> see docs/features/quantization.md)."""
+
+    def __init__(self, model: nn.Module, scheme: str):
+        self.model, self.scheme = model, scheme
+        self.params: dict[str, list[str]] = {}  # target module -> its parameters
+        self.waiting: dict[str, set[str]] = {}  # target module -> its parameters not loaded yet
+        self.owner: dict[str, str] = {}  # parameter -> its target module
+        for name in quantization_targets(model):
+            module = model.get_submodule(name)
+            self.params[name] = [f"{name}.{p}" for p, _ in module.named_parameters(recurse=False)]
+            self.waiting[name] = set(self.params[name])
+            self.owner.update(dict.fromkeys(self.params[name], name))
+
+    def loaded(self, param: str) -> list[str]:
+        """`param` holds its checkpoint values: quantize its linear if it was the last one; returns the
+        parameters released (the loader drops its references to them, so that their memory is freed)."""
+        name = self.owner.get(param)
+        if name is None or name not in self.waiting:
+            return []
+        waiting = self.waiting[name]
+        waiting.discard(param)
+        if waiting:
+            return []
+        del self.waiting[name]
+        released = self.params[name]
+        # The float weights of the linear quantized before this one are free by now: hand them back before
+        # the next allocations, or the heap keeps them (runtime/heap.py) and the peak grows with each linear.
+        release_freed_memory()
+        quantize_module(self.model, name, self.scheme)
+        return released
 
 
 def weight_bytes(model: nn.Module) -> int:

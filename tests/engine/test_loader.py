@@ -130,3 +130,29 @@ def test_a_module_that_caches_other_shapes_than_the_declaration_is_refused(check
                                                         layout.mamba.page_size_padded))
     with pytest.raises(ValueError, match="the declaration and the implementation disagree"):
         bind_pool(model, allocate_pool(wrong, 4, torch.device("cpu")), wrong)
+
+
+def test_plain_reads_give_what_safetensors_gives(tmp_path):
+    # The loader reads whole tensors with file reads, not through safetensors' memory map (whose pages would count
+    # in the process's memory until the file closes): every dtype and shape must come out as safetensors' own.
+    from safetensors import safe_open
+
+    from runtime.loader import read_tensors
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "f32": torch.randn(3, 5, generator=g), "bf16": torch.randn(7, 2, generator=g).bfloat16(),
+        "f16": torch.randn(4, generator=g).half(), "f8": torch.randn(2, 3, generator=g).to(torch.float8_e4m3fn),
+        "i8": torch.randint(-128, 127, (9,), generator=g, dtype=torch.int8),
+        "i64": torch.randint(0, 1000, (2, 2), generator=g), "bool": torch.rand(5, generator=g) > 0.5,
+        "scalar": torch.tensor(3.5), "empty": torch.zeros(0, 4),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, path, metadata={"format": "pt"})
+    read = {name: load() for name, load, _ in read_tensors(path)}
+    with safe_open(path, framework="pt") as f:
+        for name in tensors:
+            expected = f.get_tensor(name)
+            assert read[name].dtype == expected.dtype and read[name].shape == expected.shape, name
+            assert torch.equal(read[name].reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)), name
+

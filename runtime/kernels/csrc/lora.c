@@ -304,7 +304,8 @@ static inline void lora_expand_rows(const float *const *rows_s, const void *pool
             for (int v = 0; v < VECS; v++) acc[i][v] = wv[v];
         for (int r = 0; r < rank; r++) {
             /* widened in registers as it is read (the path below widens a block into memory first) */
-            for (int v = 0; v < VECS; v++) lora_load16(&wv[v], pool, pool_bf16, (int64_t)r * out_features + v * LORA_LANES);
+            for (int v = 0; v < VECS; v++)
+                lora_load16(&wv[v], pool, pool_bf16, (int64_t)r * out_features + v * LORA_LANES);
             /* the same row's block PREFETCH_BLOCKS tasks ahead (the next tasks take the next blocks) */
             __builtin_prefetch((const char *)pool + ((int64_t)r * out_features + LORA_PREFETCH_BLOCKS * LORA_BLOCK_N) *
                                (pool_bf16 ? 2 : 4));
