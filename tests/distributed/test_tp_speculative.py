@@ -2,7 +2,7 @@
 proposer runs unsharded in rank 0's process (the draft model on one device, as vLLM's
 draft_tensor_parallel_size=1; the MTP head on the hidden states rank 0 holds whole after the all-reduce),
 the model verifies across the group. Float32 greedy tokens and logprobs equal one device without
-speculation, with drafts accepted and rejected. One group of two processes serves every engine here."""
+speculation, with drafts accepted and rejected, and again from the prefix cache. One group of two processes serves every engine here."""
 
 import pytest
 from spec_helpers import ATTENTION_LAYER, add_mtp_head, assert_drafts_accepted_and_rejected, perturbed_copy
@@ -12,11 +12,13 @@ from runtime import LLM, SamplingParams
 from runtime.distributed import group
 
 PROMPTS = [{"prompt_token_ids": [9, 40, 41, 200, 7] * 3}, {"prompt_token_ids": [77, 78, 79] * 4},
-           {"prompt_token_ids": list(range(100, 130))}]
+           {"prompt_token_ids": list(range(100, 170))}]
 FEW = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1, allowed_token_ids=[9, 40])
 FREE = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
 PARAMS = [FEW, FREE, FREE]
-BUDGET = 16  # the 30-token prompt is prefilled in two chunks beside the others' verifies
+# The 70-token prompt is prefilled in chunks beside the others' verifies, and is longer than a prefix-cache
+# block (48 tokens for Bamba, 64 for Qwen3.5): the second time, its first block is read from the cache.
+BUDGET = 24
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -26,13 +28,24 @@ def shared_group():
 
 
 def generate(directory, **options):
-    """The outputs and the speculator's counters of one engine (shut down after, so the group serves the next)."""
+    """One engine's outputs (shut down after, so that the group serves the next engine)."""
     llm = LLM(directory, dtype="float32", max_num_batched_tokens=BUDGET, **options)
     try:
-        outputs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
-        if "speculative_config" in options:
-            assert_drafts_accepted_and_rejected(llm)
-        return outputs
+        return llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+
+
+def speculate(directory, spec, **parallel):
+    """The outputs of a speculating engine, twice: the second time its prompts are read from the prefix cache."""
+    llm = LLM(directory, dtype="float32", max_num_batched_tokens=BUDGET, enable_prefix_caching=True,
+              speculative_config=spec, **parallel)
+    try:
+        first = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+        again = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+        assert again[2].num_cached_tokens > 0
+        assert_drafts_accepted_and_rejected(llm)
+        return first, again
     finally:
         llm.engine.shutdown()
 
@@ -65,4 +78,35 @@ def bamba_reference(bamba):
 def test_a_draft_model_beside_a_parallel_model(bamba, bamba_reference, parallel):
     target, draft = bamba
     spec = {"model": str(draft), "num_speculative_tokens": 3}
-    assert_same(generate(target, speculative_config=spec, **{parallel: 2}), bamba_reference)
+    for outputs in speculate(target, spec, **{parallel: 2}):
+        assert_same(outputs, bamba_reference)
+
+
+# An MTP head ---------------------------------------------------------------------------------------
+
+MTP = {"method": "mtp", "num_speculative_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def qwen3_5(tmp_path_factory, tokenizer_dir):
+    """Qwen3.5 with random `mtp.*` weights that guess right some of the time (tests/spec_decode/test_spec_mtp.py)."""
+    directory = tmp_path_factory.mktemp("qwen3_5")
+    build_deltanet_model("qwen3_5", directory, tokenizer_dir)
+    layer, echo = ATTENTION_LAYER["qwen3_5"]
+    add_mtp_head(directory, layer, echo=echo)
+    return directory
+
+
+def test_an_mtp_head_beside_a_tensor_parallel_model(qwen3_5):
+    reference = generate(qwen3_5)
+    for outputs in speculate(qwen3_5, MTP, tensor_parallel_size=2):
+        assert_same(outputs, reference)
+
+
+def test_an_mtp_head_under_pipeline_parallelism_is_refused_in_one_line(qwen3_5):
+    with pytest.raises(ValueError) as err:
+        LLM(qwen3_5, dtype="float32", speculative_config=MTP, pipeline_parallel_size=2)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith('speculative_config: method "mtp" runs the head beside the first pipeline stage')
+    assert "leave pipeline_parallel_size at 1 (use tensor_parallel_size to split the model)" in message
