@@ -56,7 +56,7 @@ QWEN_MTP_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), pre
                                      tensor_parallel=supported(), pipeline_parallel=supported(), lora=supported(),
                                      speculative_decoding=partial(
                                          "n-gram (prompt lookup), draft model and the checkpoint's MTP head (`mtp.*`, "
-                                         "one process) drafts, verified exactly for every layer kind."))
+                                         "not with pipeline parallelism) drafts, verified exactly for every layer kind."))
 
 
 def moe_layers(cfg: HFConfig, num_layers: int) -> tuple[bool, ...]:
