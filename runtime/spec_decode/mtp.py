@@ -67,10 +67,6 @@ def check_mtp_config(config) -> None:
                          f"and {config.declaration.architecture} has none; {instead}")
     if gguf_path(config.model) is not None:
         raise ValueError(f"{method} reads the head from safetensors checkpoints, not GGUF files; {instead}")
-    if config.pipeline_parallel_size > 1:
-        raise ValueError(f"{method} runs the head beside the first pipeline stage, and the hidden states it reads "
-                         f"stay on the last one: leave {spell('pipeline_parallel_size')} at 1 (use "
-                         f"{spell('tensor_parallel_size')} to split the model), or {instead}")
     if config.checkpoint_quantization is not None:
         raise ValueError(f"{method} does not read a quantized checkpoint's head yet; {instead}")
     require_mtp_tensors(config.model_dir)  # before the model loads, not after

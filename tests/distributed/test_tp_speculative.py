@@ -1,7 +1,7 @@
 """Speculative decoding with a draft model and with an MTP head under tensor and pipeline parallelism: the
 proposer runs unsharded in rank 0's process (the draft model on one device, as vLLM's
-draft_tensor_parallel_size=1; the MTP head on the hidden states rank 0 holds whole after the all-reduce),
-the model verifies across the group. Float32 greedy tokens and logprobs equal one device without
+draft_tensor_parallel_size=1; the MTP head on the final hidden states rank 0 holds whole after the all-reduce,
+or receives from the last pipeline stage), the model verifies across the group. Float32 greedy tokens and logprobs equal one device without
 speculation, with drafts accepted and rejected, and again from the prefix cache. One group of two processes serves every engine here."""
 
 import pytest
@@ -97,16 +97,12 @@ def qwen3_5(tmp_path_factory, tokenizer_dir):
     return directory
 
 
-def test_an_mtp_head_beside_a_tensor_parallel_model(qwen3_5):
-    reference = generate(qwen3_5)
-    for outputs in speculate(qwen3_5, MTP, tensor_parallel_size=2):
-        assert_same(outputs, reference)
+@pytest.fixture(scope="module")
+def qwen3_5_reference(qwen3_5):
+    return generate(qwen3_5)
 
 
-def test_an_mtp_head_under_pipeline_parallelism_is_refused_in_one_line(qwen3_5):
-    with pytest.raises(ValueError) as err:
-        LLM(qwen3_5, dtype="float32", speculative_config=MTP, pipeline_parallel_size=2)
-    message = str(err.value)
-    assert "\n" not in message
-    assert message.startswith('speculative_config: method "mtp" runs the head beside the first pipeline stage')
-    assert "leave pipeline_parallel_size at 1 (use tensor_parallel_size to split the model)" in message
+@pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_an_mtp_head_beside_a_parallel_model(qwen3_5, qwen3_5_reference, parallel):
+    for outputs in speculate(qwen3_5, MTP, **{parallel: 2}):
+        assert_same(outputs, qwen3_5_reference)

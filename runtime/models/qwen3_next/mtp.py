@@ -10,10 +10,11 @@ then predicts the token at p + 2. For more drafts the head runs again on its own
 Its attention has a cache of its own (HeadKV: one contiguous K and V per sequence, outside the page pool),
 filled with the positions the head has run on; runtime/spec_decode/mtp.py owns it.
 
-Under tensor parallelism the head runs unsharded in rank 0's process alone, on the final hidden states rank 0
-holds whole after the all-reduce. The model's embedding and LM head there are vocabulary shards whose forward
-passes are collectives the other ranks do not join, so the head reads whole copies of both from the checkpoint
-(WholeVocabulary).
+With more than one process the head runs unsharded in rank 0's process alone, on the final hidden states rank
+0 holds whole: after the all-reduce under tensor parallelism, sent by the last stage under pipeline parallelism.
+The model's embedding and LM head there are vocabulary shards whose forward passes are collectives the other
+ranks do not join, or (the first pipeline stage) there is no LM head, so the head reads whole copies of both
+from the checkpoint (WholeVocabulary).
 """
 
 from __future__ import annotations
@@ -174,16 +175,17 @@ def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | No
                 raise ValueError(f"{model_dir}: {PREFIX + name} has shape {tuple(tensor.shape)} but the model "
                                  f"expects {tuple(param.shape)}")
             param.copy_(tensor)
-    if model.input_embeddings().num_embeddings < model.config.vocab_size:  # this rank's rows of it
+    sharded = model.input_embeddings().num_embeddings < model.config.vocab_size  # this rank's rows of it
+    if sharded or not isinstance(model.lm_head, nn.Linear):  # the first pipeline stage has no LM head
         head.vocabulary = _whole_vocabulary(model, model_dir, weight.dtype, weight.device)
     return head.eval()
 
 
 def _whole_vocabulary(model: nn.Module, model_dir: Path, dtype: torch.dtype, device: torch.device) -> WholeVocabulary:
     """The embedding and LM head of the checkpoint, whole (the LM head is the embedding where they are tied)."""
-    names = {id(param): name for name, param in model.named_parameters()}
-    embedding, lm_head = names[id(model.input_embeddings().weight)], names.get(id(model.lm_head.weight))
-    wanted = {embedding, lm_head} - {None}
+    embedding = next(name for name, param in model.named_parameters() if param is model.input_embeddings().weight)
+    lm_head = embedding if getattr(model.config, "tie_word_embeddings", False) else "lm_head.weight"
+    wanted = {embedding, lm_head}
     found = {}
     for path in checkpoint_files(model_dir):
         for name, load, _ in read_tensors(path):
@@ -191,4 +193,4 @@ def _whole_vocabulary(model: nn.Module, model_dir: Path, dtype: torch.dtype, dev
             if target in wanted:
                 found[target] = load().to(device=device, dtype=dtype)
     assert wanted <= set(found), f"the model loaded from {model_dir}, yet it lacks {sorted(wanted - set(found))}"
-    return WholeVocabulary(found[embedding], found[lm_head or embedding])
+    return WholeVocabulary(found[embedding], found[lm_head])
