@@ -1,8 +1,9 @@
 """Speculative decoding with a draft model and with an MTP head under tensor and pipeline parallelism: the
 proposer runs unsharded in rank 0's process (the draft model on one device, as vLLM's
-draft_tensor_parallel_size=1; the MTP head on the final hidden states rank 0 holds whole after the all-reduce,
-or receives from the last pipeline stage), the model verifies across the group. Float32 greedy tokens and logprobs equal one device without
-speculation, with drafts accepted and rejected, and again from the prefix cache. One group of two processes serves every engine here."""
+draft_tensor_parallel_size=1; the MTP head on the final hidden states rank 0 holds whole after the
+all-reduce, or receives from the last pipeline stage), the model verifies across the group. Float32 greedy
+tokens and logprobs equal one device without speculation, with drafts accepted and rejected, again from the
+prefix cache, and under preemption. One group of two processes serves every engine here."""
 
 import pytest
 from spec_helpers import ATTENTION_LAYER, add_mtp_head, assert_drafts_accepted_and_rejected, perturbed_copy
@@ -106,3 +107,34 @@ def qwen3_5_reference(qwen3_5):
 def test_an_mtp_head_beside_a_parallel_model(qwen3_5, qwen3_5_reference, parallel):
     for outputs in speculate(qwen3_5, MTP, **{parallel: 2}):
         assert_same(outputs, qwen3_5_reference)
+
+
+# Preemption ----------------------------------------------------------------------------------------
+
+SHORT = [{"prompt_token_ids": [9, 40, 41, 200, 7] * 3}, {"prompt_token_ids": [77, 78, 79] * 4},
+         {"prompt_token_ids": list(range(100, 120))}]
+LONG = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1)
+
+
+@pytest.mark.parametrize("method, parallel", [("draft", "tensor_parallel_size"), ("mtp", "pipeline_parallel_size")])
+def test_preemption_beside_a_parallel_model(bamba, qwen3_5, method, parallel):
+    """A pool that holds one sequence of 64 tokens and the states of a second (less a page where blocks and
+    states share one), as tests/spec_decode/test_spec_mtp.py's: sequences are preempted and recomputed, and the
+    proposer's cache of them (the draft's pool, the head's K and V) is rebuilt."""
+    from runtime.config import EngineConfig
+
+    directory, spec = (bamba[0], {"model": str(bamba[1]), "num_speculative_tokens": 3}) if method == "draft" \
+        else (qwen3_5, MTP)
+    reference = LLM(directory, dtype="float32").generate(SHORT, LONG, use_tqdm=False)
+    layout = EngineConfig(str(directory), dtype="float32").cache
+    groups = layout.num_state_groups
+    pages = layout.pages_per_sequence(64) + 2 * groups - (1 if layout.block_size and groups else 0)
+    llm = LLM(directory, dtype="float32", speculative_config=spec, max_model_len=64, num_pages=pages, max_num_seqs=2,
+              **{parallel: 2})
+    try:
+        outputs = llm.generate(SHORT, LONG, use_tqdm=False)
+        assert sum(o.num_preemptions for o in outputs) > 0
+        assert_drafts_accepted_and_rejected(llm)
+    finally:
+        llm.engine.shutdown()
+    assert_same(outputs, reference)
