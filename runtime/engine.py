@@ -170,10 +170,11 @@ class Engine:
                                                                drafter)
         if spec is not None and spec.method == "mtp":
             self.speculator = MTPSpeculator(config, self.max_model_len, self.runner)
-        # Micro-batches in flight, one per stage; one at a time with a draft model, whose proposer keeps a cache
-        # per running request and drops those it is not asked about (the ones in flight would be).
+        # Micro-batches in flight, one per stage; one at a time with a draft model or an MTP head, whose proposers
+        # keep a cache per running request and drop those they are not asked about (the ones in flight would be).
         pp = config.pipeline_parallel_size
-        self.microbatches = MicroBatches(self, depth=pp if drafter is None else 1) if pp > 1 else None
+        one_at_a_time = drafter is not None or isinstance(self.speculator, MTPSpeculator)
+        self.microbatches = MicroBatches(self, depth=1 if one_at_a_time else pp) if pp > 1 else None
 
     def _fit_max_model_len(self) -> int:
         layout, wanted = self.config.cache, self.config.derived_max_model_len

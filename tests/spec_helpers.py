@@ -1,5 +1,11 @@
 """Shared by the speculative decoding tests (n-gram, draft model, MTP): stepping an engine while watching what
-each step holds, and the counters' check that drafts were both accepted and rejected."""
+each step holds, the counters' check that drafts were both accepted and rejected, and the checkpoints they
+build: a perturbed copy of a model (a draft model) and `mtp.*` heads written into a Qwen3-Next/Qwen3.5 one."""
+
+import shutil
+
+import torch
+from safetensors.torch import load_file, save_file
 
 
 def run_watching_steps(llm, prompts, params):
@@ -24,3 +30,45 @@ def assert_drafts_accepted_and_rejected(llm):
     counters = llm.engine.speculator.counters
     assert counters.num_drafts > 0
     assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+
+
+def perturbed_copy(source, destination, scale=0.05):
+    """`source` with every weight tensor moved by `scale` of its standard deviation (seeded)."""
+    shutil.copytree(source, destination)
+    generator = torch.Generator().manual_seed(0)
+    for path in destination.glob("*.safetensors"):
+        weights = load_file(path)
+        for name, w in weights.items():
+            if w.is_floating_point() and w.numel() > 1:
+                weights[name] = w + scale * w.std() * torch.randn(w.shape, generator=generator, dtype=w.dtype)
+        save_file(weights, path, metadata={"format": "pt"})
+    return destination
+
+
+def add_mtp_head(directory, attention_layer: int, scale: float = 0.05, seed: int = 0, echo: float = 0.0):
+    """Write `mtp.*` into the checkpoint: the head described at the top of tests/spec_decode/test_spec_mtp.py."""
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    if echo:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors["model.embed_tokens.weight"] *= echo
+    generator = torch.Generator().manual_seed(seed)
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    source = f"model.layers.{attention_layer}."
+    for name, tensor in list(tensors.items()):
+        if name.startswith(source):
+            copy = tensor.clone()
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                copy *= scale
+            tensors["mtp.layers.0." + name[len(source):]] = copy
+    tensors["mtp.fc.weight"] = torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1)
+    tensors["mtp.pre_fc_norm_embedding.weight"] = 0.3 * torch.randn(hidden, generator=generator)
+    tensors["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(hidden)
+    tensors["mtp.norm.weight"] = torch.zeros(hidden)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+# name -> an attention layer of the tiny model (tests/tiny_models.py), whose MLP matches the head's, and
+# the echo: embeddings scaled by it and the LM head set to them, so that the target repeats its last token
+# some of the time (a draft holds) and not at other times (it is rejected).
+ATTENTION_LAYER = {"qwen3_next": (1, 12.0), "qwen3_5": (1, 20.0), "qwen3_5_moe": (3, 12.0)}

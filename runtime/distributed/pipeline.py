@@ -331,20 +331,29 @@ def start_stage(runner: Any, plan: Any) -> torch.Tensor | None:
     logits = runner.model.compute_logits(hidden[torch.cat(rows)])
     if place.rank == place.logits_rank:
         stage.send_later(greedy_ids(logits) if plan.greedy_ids else logits.contiguous(), 0)
+        if runner.keeps_hidden:  # every row's final hidden state, for rank 0's MTP head (runtime/spec_decode/mtp.py)
+            stage.send_later(hidden.to(stage.boundary_dtype).contiguous(), 0)
     return logits
 
 
 def receive_logits(runner: Any, plan: Any) -> torch.Tensor:
-    """Rank 0: the step's logits from the last stage (or the greedy ids it picked, as logits that give them)."""
+    """Rank 0: the step's logits from the last stage (or the greedy ids it picked, as logits that give them), and
+    with an MTP head every row's final hidden state (`runner.last_hidden`)."""
     place = runner.stage_model.place
     num_rows = len(plan.logits_indices) + sum(n for *_, n in plan.prompt_rows)
     vocab_size = runner.model.config.vocab_size
     if plan.greedy_ids:
         ids = torch.empty(num_rows, dtype=torch.long, device=runner.device)
         state.recv(ids, place.logits_rank)
-        return greedy_logits(ids, vocab_size)
-    logits = torch.empty(num_rows, vocab_size, dtype=torch.float32, device=runner.device)
-    state.recv(logits, place.logits_rank)
+        logits = greedy_logits(ids, vocab_size)
+    else:
+        logits = torch.empty(num_rows, vocab_size, dtype=torch.float32, device=runner.device)
+        state.recv(logits, place.logits_rank)
+    if runner.keeps_hidden:
+        stage = runner.stage_model
+        hidden = torch.empty(len(plan.input_ids), stage.hidden_size, dtype=stage.boundary_dtype, device=runner.device)
+        state.recv(hidden, place.logits_rank)
+        runner.last_hidden = hidden.to(DTYPES[runner.config.model_dtype])
     return logits
 
 

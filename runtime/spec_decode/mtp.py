@@ -67,9 +67,6 @@ def check_mtp_config(config) -> None:
                          f"and {config.declaration.architecture} has none; {instead}")
     if gguf_path(config.model) is not None:
         raise ValueError(f"{method} reads the head from safetensors checkpoints, not GGUF files; {instead}")
-    if config.world_size > 1:
-        raise ValueError(f"{method} runs on one process for now; leave --tensor-parallel-size and "
-                         f"--pipeline-parallel-size at 1, or {instead}")
     if config.checkpoint_quantization is not None:
         raise ValueError(f"{method} does not read a quantized checkpoint's head yet; {instead}")
     require_mtp_tensors(config.model_dir)  # before the model loads, not after
@@ -81,6 +78,11 @@ class MTPSpeculator(Speculator):
         self.model = runner.model
         configured = engine_config.hf_config.first(*LAYER_KEYS)
         self.head = self.model.load_mtp_head(engine_config.model_dir, int(configured) if configured else None)
+        # Under tensor parallelism the model's embedding and LM head are shards, whose forward passes are
+        # collectives: the head uses whole copies (runtime/models/qwen3_next/mtp.py).
+        vocabulary = self.head.vocabulary
+        self.embed = self.head.embed_tokens or (vocabulary.embed if vocabulary else self.model.input_embeddings())
+        self.compute_logits = vocabulary.compute_logits if vocabulary else self.model.compute_logits
         self.rotary = self.model.model.rotary
         self._rows: dict[str, _Rows] = {}
         self._heads: dict[str, _HeadState] = {}
@@ -133,9 +135,8 @@ class MTPSpeculator(Speculator):
         state.end, state.last = rows.start + usable, out[-1:]
 
     def _run(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, kv, step: int):
-        embed = self.head.embed_tokens or self.model.input_embeddings()
         cos, sin = self.rotary(positions, hidden.dtype)
-        return self.head(embed(token_ids), hidden, cos, sin, kv, step)
+        return self.head(self.embed(token_ids), hidden, cos, sin, kv, step)
 
     @torch.inference_mode()
     def _guess(self, seq: Sequence, room: int) -> list[int]:
@@ -145,7 +146,7 @@ class MTPSpeculator(Speculator):
         committed, hidden, drafts = [kv.length for kv in state.kv], state.last, []
         device = hidden.device
         for step in range(room):
-            token = int(self.model.compute_logits(hidden).argmax(dim=-1)[0])
+            token = int(self.compute_logits(hidden).argmax(dim=-1)[0])
             drafts.append(token)
             if step + 1 == room:
                 break

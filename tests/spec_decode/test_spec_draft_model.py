@@ -19,9 +19,7 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
-from spec_helpers import run_watching_steps
+from spec_helpers import perturbed_copy, run_watching_steps
 from tiny_models import DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model
 
 from runtime import LLM, SamplingParams, StructuredOutputsParams
@@ -59,19 +57,6 @@ def build(name, tmp_path_factory, tiny_checkpoint, tokenizer_dir):
         (build_family_model if name in FAMILY_CONFIGS else build_deltanet_model)(name, directory, tokenizer_dir)
         return directory
     return tiny_checkpoint(name)[0]
-
-
-def perturbed_copy(source, destination, scale=0.05):
-    """`source` with every weight tensor moved by `scale` of its standard deviation (seeded)."""
-    shutil.copytree(source, destination)
-    generator = torch.Generator().manual_seed(0)
-    for path in destination.glob("*.safetensors"):
-        weights = load_file(path)
-        for name, w in weights.items():
-            if w.is_floating_point() and w.numel() > 1:
-                weights[name] = w + scale * w.std() * torch.randn(w.shape, generator=generator, dtype=w.dtype)
-        save_file(weights, path, metadata={"format": "pt"})
-    return destination
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)

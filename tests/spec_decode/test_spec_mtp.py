@@ -15,8 +15,7 @@ import random
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from spec_helpers import assert_drafts_accepted_and_rejected, run_watching_steps
+from spec_helpers import ATTENTION_LAYER, add_mtp_head, assert_drafts_accepted_and_rejected, run_watching_steps
 from tiny_models import build_deltanet_model
 
 from runtime import LLM, SamplingParams
@@ -36,35 +35,6 @@ FREE = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
 FEW = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1, allowed_token_ids=[9, 40])
 PARAMS = [FREE, FREE, FEW, FREE]
 BUDGET = 24  # the 60-token prompt is prefilled in chunks beside the others' verifies
-
-
-def add_mtp_head(directory, attention_layer: int, scale: float = 0.05, seed: int = 0, echo: float = 0.0):
-    """Write `mtp.*` into the checkpoint: the head described at the top of this file."""
-    path = directory / "model.safetensors"
-    tensors = load_file(path)
-    if echo:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
-        tensors["model.embed_tokens.weight"] *= echo
-    generator = torch.Generator().manual_seed(seed)
-    hidden = tensors["model.embed_tokens.weight"].shape[1]
-    source = f"model.layers.{attention_layer}."
-    for name, tensor in list(tensors.items()):
-        if name.startswith(source):
-            copy = tensor.clone()
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                copy *= scale
-            tensors["mtp.layers.0." + name[len(source):]] = copy
-    tensors["mtp.fc.weight"] = torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1)
-    tensors["mtp.pre_fc_norm_embedding.weight"] = 0.3 * torch.randn(hidden, generator=generator)
-    tensors["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(hidden)
-    tensors["mtp.norm.weight"] = torch.zeros(hidden)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
-# name -> an attention layer of the tiny model (tests/tiny_models.py), whose MLP matches the head's, and
-# the echo: embeddings scaled by it and the LM head set to them, so that the target repeats its last token
-# some of the time (a draft holds) and not at other times (it is rejected).
-ATTENTION_LAYER = {"qwen3_next": (1, 12.0), "qwen3_5": (1, 20.0), "qwen3_5_moe": (3, 12.0)}
 
 
 @pytest.fixture(scope="module", params=list(ATTENTION_LAYER))

@@ -55,8 +55,8 @@ GATED_DELTANET_TP_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=support
 QWEN_MTP_CAPABILITIES = capabilities(ON_ENGINE, chunked_prefill=supported(), prefix_caching=supported(),
                                      tensor_parallel=supported(), pipeline_parallel=supported(), lora=supported(),
                                      speculative_decoding=partial(
-                                         "n-gram (prompt lookup), draft model and the checkpoint's MTP head (`mtp.*`, "
-                                         "one process) drafts, verified exactly for every layer kind."))
+                                         "n-gram (prompt lookup), draft model and the checkpoint's MTP head (`mtp.*`) "
+                                         "drafts, verified exactly for every layer kind."))
 
 
 def moe_layers(cfg: HFConfig, num_layers: int) -> tuple[bool, ...]:

@@ -9,6 +9,12 @@ then predicts the token at p + 2. For more drafts the head runs again on its own
 
 Its attention has a cache of its own (HeadKV: one contiguous K and V per sequence, outside the page pool),
 filled with the positions the head has run on; runtime/spec_decode/mtp.py owns it.
+
+With more than one process the head runs unsharded in rank 0's process alone, on the final hidden states rank
+0 holds whole: after the all-reduce under tensor parallelism, sent by the last stage under pipeline parallelism.
+The model's embedding and LM head there are vocabulary shards whose forward passes are collectives the other
+ranks do not join, or (the first pipeline stage) there is no LM head, so the head reads whole copies of both
+from the checkpoint (WholeVocabulary).
 """
 
 from __future__ import annotations
@@ -52,6 +58,20 @@ class HeadKV:
     def truncate(self, length: int) -> None:
         assert length <= self.length
         self.length = length
+
+
+class WholeVocabulary:
+    """The model's embedding and LM head, unsharded (a tensor-parallel rank holds its rows of each)."""
+
+    def __init__(self, embedding: torch.Tensor, lm_head: torch.Tensor):
+        self.embedding, self.lm_head = embedding, lm_head
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self.embedding)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # CausalLM.compute_logits with the whole LM head: Qwen3-Next's and Qwen3.5's logits are not scaled.
+        return F.linear(hidden.to(self.lm_head.dtype), self.lm_head).float()
 
 
 class HeadAttention(nn.Module):
@@ -98,6 +118,7 @@ class Qwen3NextMTP(nn.Module):
         self.pre_fc_norm_hidden = ZeroCenteredRMSNorm(hidden, dims.rms_norm_eps)
         self.norm = ZeroCenteredRMSNorm(hidden, dims.rms_norm_eps)
         self.embed_tokens = nn.Embedding(dims.vocab_size, hidden) if dedicated_embedding else None
+        self.vocabulary: WholeVocabulary | None = None  # under tensor parallelism (load_mtp_head)
 
     def forward(self, embeddings: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv: HeadKV, step: int = 0) -> torch.Tensor:
@@ -154,4 +175,22 @@ def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | No
                 raise ValueError(f"{model_dir}: {PREFIX + name} has shape {tuple(tensor.shape)} but the model "
                                  f"expects {tuple(param.shape)}")
             param.copy_(tensor)
+    sharded = model.input_embeddings().num_embeddings < model.config.vocab_size  # this rank's rows of it
+    if sharded or not isinstance(model.lm_head, nn.Linear):  # the first pipeline stage has no LM head
+        head.vocabulary = _whole_vocabulary(model, model_dir, weight.dtype, weight.device)
     return head.eval()
+
+
+def _whole_vocabulary(model: nn.Module, model_dir: Path, dtype: torch.dtype, device: torch.device) -> WholeVocabulary:
+    """The embedding and LM head of the checkpoint, whole (the LM head is the embedding where they are tied)."""
+    embedding = next(name for name, param in model.named_parameters() if param is model.input_embeddings().weight)
+    lm_head = embedding if getattr(model.config, "tie_word_embeddings", False) else "lm_head.weight"
+    wanted = {embedding, lm_head}
+    found = {}
+    for path in checkpoint_files(model_dir):
+        for name, load, _ in read_tensors(path):
+            target = model.checkpoint_name(name)
+            if target in wanted:
+                found[target] = load().to(device=device, dtype=dtype)
+    assert wanted <= set(found), f"the model loaded from {model_dir}, yet it lacks {sorted(wanted - set(found))}"
+    return WholeVocabulary(found[embedding], found[lm_head])
