@@ -12,7 +12,8 @@ speculation must pass a chi-square test of homogeneity (p = 0.001). Two bugs put
   MTP 922.
 The proposers' drafts, all point masses (see runtime/spec_decode/verify.py):
 - n-gram: prompt lookup over a prompt that holds all three choices;
-- draft model: the target (Bamba, so rejected states are restored) with every weight moved by 5 %;
+- draft model: the target (Bamba, so rejected states are restored) with every weight moved by 5 %, a
+  stateful draft that rolls its own state back too (test_spec_draft_model.py has a Llama drafting);
 - MTP: Qwen3-Next with the `mtp.*` head of test_spec_mtp.py, whose embeddings are scaled so that the target
   repeats its last token often but not always, and the head's first draft is mostly that token.
 """
