@@ -15,9 +15,7 @@ from runtime.cache.layout import cdiv
 from runtime.hf_config import ConfigError
 from runtime.options import plural, spell
 
-# As runtime/spec_decode/mtp.py reads them: the number of MTP layers (Qwen3.5's key, then DeepSeek's that vLLM
-# reads for Qwen3-Next), and whether Qwen3.5's head has an embedding of its own.
-MTP_LAYER_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
+# Qwen3.5's: whether its head has an embedding of its own (the engine sees an mtp.embed_tokens tensor).
 MTP_DEDICATED_EMBEDDING_KEY = "mtp_use_dedicated_embeddings"
 
 
@@ -79,9 +77,10 @@ def mtp_report(config: Any) -> dict[str, Any]:
     from runtime.dtypes import DTYPES
     from runtime.loader import default_dtype
     from runtime.models.qwen3_next.mtp import Qwen3NextMTP
+    from runtime.spec_decode.mtp import LAYER_KEYS
 
     model_class = _mtp_model_class(config)
-    configured = config.hf_config.first(*MTP_LAYER_KEYS)
+    configured = config.hf_config.first(*LAYER_KEYS)
     num_layers = int(configured) if configured else 1
     dedicated = bool(config.hf_config.first(MTP_DEDICATED_EMBEDDING_KEY, default=False))
     dims, dtype = config.dims, DTYPES[config.model_dtype]
