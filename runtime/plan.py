@@ -7,7 +7,7 @@ import itertools
 import json
 from typing import Any
 
-from runtime.cache.layout import CacheLayout, cdiv
+from runtime.cache.layout import CacheLayout
 from runtime.cache.prefix import prefix_block_size
 from runtime.cli import examples
 from runtime.config import EngineConfig
@@ -130,6 +130,8 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
     if config.enable_prefix_caching:
         report["prefix_cache"] = prefix_cache_report(config)
     if config.speculative is not None:
+        from runtime.spec_decode.plan import speculative_report  # imports torch for a draft model or an MTP head
+
         report["speculative"] = speculative_report(config, memory)
     if config.enable_lora:
         from runtime.lora.plan import lora_report  # imports torch, for shapes on the meta device
@@ -146,41 +148,10 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
                          "pages_per_sequence": per_sequence,
                          "num_page_ids": memory // layout.bytes_per_page_id,
                          "max_num_sequences": (memory // layout.bytes_per_page_id) // per_sequence}
-    return report
+        if config.speculative is not None:
+            from runtime.spec_decode.plan import add_fit
 
-
-def speculative_report(config: EngineConfig, memory: int | None = None) -> dict[str, Any]:
-    """What a verify step computes and which pages its rollback needs (docs/features/speculative_decoding.md)."""
-    spec, layout = config.speculative, config.cache
-    groups = layout.num_state_groups
-    report = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
-              "verify_positions": spec.num_speculative_tokens + 1,
-              "checkpoint_page_ids_per_sequence": groups,
-              "checkpoint_bytes_per_sequence": groups * layout.bytes_per_page_id,
-              "attention_blocks_per_verify": cdiv(spec.num_speculative_tokens + 1, layout.block_size)
-              if layout.block_size else 0}
-    if spec.model is None:
-        report.update(prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
-    else:
-        report["draft"] = draft_report(config, memory)
-    return report
-
-
-def draft_report(config: EngineConfig, memory: int | None) -> dict[str, Any]:
-    """The draft model's own pool: its page ids, what a sequence holds there, and with a budget how many."""
-    from runtime.spec_decode.draft import draft_engine_config, draft_pages_per_sequence, draft_pool_pages
-
-    draft = draft_engine_config(config)
-    layout, max_model_len = draft.cache, config.derived_max_model_len
-    per_sequence = draft_pages_per_sequence(layout, max_model_len)
-    report = {"model": config.speculative.model, "architecture": draft.declaration.architecture,
-              "num_layers": len(layout.layers), "block_size": layout.block_size,
-              "num_attention_groups": layout.num_attention_groups, "num_state_groups": layout.num_state_groups,
-              "bytes_per_page_id": layout.bytes_per_page_id, "max_model_len": max_model_len,
-              "page_ids_per_sequence": per_sequence, "bytes_per_sequence": per_sequence * layout.bytes_per_page_id}
-    if memory is not None:
-        pages = draft_pool_pages(layout, config.max_num_seqs, max_model_len, memory)
-        report.update(memory_bytes=memory, num_page_ids=pages, max_num_sequences=pages // per_sequence)
+            add_fit(report["speculative"], report["fit"]["max_num_sequences"], config.max_num_seqs)
     return report
 
 
@@ -323,7 +294,9 @@ def _format_pages(r: dict[str, Any]) -> list[str]:
     if r.get("prefix_cache"):
         lines.extend(_format_prefix_cache(r["prefix_cache"]))
     if r.get("speculative"):
-        lines.extend(_format_speculative(r["speculative"]))
+        from runtime.spec_decode.plan import format_speculative
+
+        lines.extend(format_speculative(r["speculative"]))
     if r.get("lora"):
         lo = r["lora"]
         lines.append(f"lora slots     {lo['max_loras']} + 1 zero slot of rank {lo['max_lora_rank']} on "
@@ -344,39 +317,4 @@ def _format_prefix_cache(p: dict[str, Any]) -> list[str]:
                      "boundary: each state group's state, copied into")
         lines.append("               free pages where a prompt chunk ends on a block boundary; "
                      "evicted least recently used")
-    return lines
-
-
-def _format_speculative(p: dict[str, Any]) -> list[str]:
-    draft = p.get("draft")
-    if draft is not None:
-        source = f"the argmax of draft model {draft['model']}, {draft['architecture']}"
-    elif p["method"] == "mtp":
-        source = "the checkpoint's MTP head, whose K/V cache is outside the page pool"
-    else:
-        source = f"n-grams of {p['prompt_lookup_min']}-{p['prompt_lookup_max']}"
-    lines = [f"speculative    {p['method']}: {plural(p['num_speculative_tokens'], 'draft token')} per step "
-             f"({source}), verified as {p['verify_positions']} positions in one step"]
-    if p["checkpoint_page_ids_per_sequence"]:
-        lines.append(f"  checkpoint   {plural(p['checkpoint_page_ids_per_sequence'], 'page id')} = "
-                     f"{_bytes(p['checkpoint_bytes_per_sequence'])} per verifying sequence (one per state group), "
-                     "borrowed from free pages for the step: a rejected draft restores the state from it")
-    else:
-        lines.append("  checkpoint   none: attention alone, a rejected draft's KV is dropped by length")
-    if draft is not None:
-        lines.extend(_format_draft_pool(draft))
-    return lines
-
-
-def _format_draft_pool(d: dict[str, Any]) -> list[str]:
-    groups = f"{d['num_attention_groups']} attention, {d['num_state_groups']} state"
-    checkpoint = f", {d['num_state_groups']} of them its state checkpoint" if d["num_state_groups"] else ""
-    lines = [f"  draft pool   its own pages: {plural(d['num_layers'], 'layer')}, groups {groups}; a page id spans "
-             f"{_bytes(d['bytes_per_page_id'])}",
-             f"               a sequence of {plural(d['max_model_len'], 'token')} holds {d['page_ids_per_sequence']:,} "
-             f"page ids{checkpoint} = {_bytes(d['bytes_per_sequence'])}"]
-    if "num_page_ids" in d:
-        lines.append(f"               a budget of its own, the model's {_bytes(d['memory_bytes'])}, holds "
-                     f"{plural(d['num_page_ids'], 'page id')} (no more than max_num_seqs sequences use): "
-                     f"{plural(d['max_num_sequences'], 'sequence')} at full length")
     return lines

@@ -4,4 +4,5 @@ See docs/features/speculative_decoding.md. `config` parses vLLM's `speculative_c
 prompt lookup and `draft` with a draft model (a second model in a pool of its own: the one module here that
 runs torch); `rows` and `verify` sample the verify rows, decide what is accepted and keep the counters;
 `speculator` ties it to the engine's step, with the state checkpoints that roll a rejected draft back.
+`plan` is what `tandem plan --speculative-config` prints about them.
 """

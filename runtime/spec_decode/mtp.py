@@ -32,6 +32,7 @@ from runtime.options import spell
 from runtime.runner import plan_order
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
+from runtime.spec_decode.draft import _argmax
 from runtime.spec_decode.speculator import Speculator
 
 # The config keys that give the number of MTP layers: Qwen3.5's, and vLLM's for Qwen3-Next (DeepSeek's
@@ -146,7 +147,8 @@ class MTPSpeculator(Speculator):
         committed, hidden, drafts = [kv.length for kv in state.kv], state.last, []
         device = hidden.device
         for step in range(room):
-            token = int(self.compute_logits(hidden).argmax(dim=-1)[0])
+            # Among the tokens the request may sample, as a draft model's drafts: any other would only be rejected.
+            token = _argmax(self.compute_logits(hidden)[0], seq.params.allowed_token_ids)
             drafts.append(token)
             if step + 1 == room:
                 break
