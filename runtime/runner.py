@@ -339,5 +339,7 @@ def _kind(seq: Sequence, num_new_tokens: int) -> int:
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:
-    # A one-token step of a sequence with cached state is a state update, whatever its phase.
-    return num_new_tokens == 1 and seq.num_computed_tokens > 0
+    # A one-token step of a generated token is a state update. A prompt token is scanned even alone (the last
+    # token of a chunked prompt, say): transformers scans a prompt, and some mixers' scans and decode steps
+    # differ (Nemotron-H's and Zamba2's scans clamp dt, their decode steps do not: runtime.context.GeneratedSplit).
+    return num_new_tokens == 1 and seq.num_computed_tokens >= len(seq.prompt_token_ids)

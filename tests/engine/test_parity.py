@@ -172,6 +172,19 @@ def test_chunked_prefill_matches_transformers(model, hf_reference):
         assert_matches_hf(outputs, hf, hf_reference, f"{name}, budget {budget} ({what})")
 
 
+def test_a_prompt_whose_last_chunk_is_one_token_matches_transformers(model, hf_reference):
+    """The last prompt token alone in a step is scanned as the rest of the prompt, not decoded: Nemotron-H's and
+    Zamba2's scans clamp dt and their decode steps do not, and decoding it moved their logprobs by 4e-4."""
+    name, directory, hf = model
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    prompt = {"prompt_token_ids": tokenizer.encode(LONGEST)}
+    budget = len(prompt["prompt_token_ids"]) - 1
+    llm = LLM(directory, dtype="float32", max_num_batched_tokens=budget, max_num_seqs=1)
+    outputs, splits, _ = generate_recording(llm, [prompt], GREEDY)
+    assert splits[0] == [budget], (name, splits)
+    assert_matches_hf(outputs, hf, hf_reference, f"{name}, a one-token last chunk")
+
+
 def test_preemption_matches_transformers(model, hf_reference):
     """A pool that holds every prompt but not every continuation: decoding runs it dry.
 
