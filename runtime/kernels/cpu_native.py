@@ -52,8 +52,8 @@ AMX_K_MULTIPLE = _HEADER["AMX_K_MULTIPLE"]  # amx_gemm's K: whole tiles of 32 bf
 SMALL_GEMM_MAX_ROWS = 48
 # The operators that write into their arguments and return nothing: their fake implementation does nothing.
 MUTATING_OPS = ("ssm_state_update", "conv_update", "ssm_scan", "conv_fn", "rms_norm", "rotary", "gemv",
-                "small_gemm", "panel_gemm", "amx_gemm", "quant_gemm", "quant_dequantize", "decode_attention",
-                "silu_and_mul", "store_kv", "lora_shrink", "lora_expand")
+                "small_gemm", "panel_gemm", "amx_gemm", "quant_gemm", "quant_dequantize", "amx_quant_gemm",
+                "decode_attention", "silu_and_mul", "store_kv", "lora_shrink", "lora_expand")
 
 
 def available() -> bool:
@@ -331,6 +331,15 @@ def quant_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias
     scales and offsets float32 (N, groups); the float32 result."""
     y = torch.empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
     _ops().quant_gemm(qweight, scales, _float32(offsets), group_size, _float32(x), _float32(bias), y)
+    return y
+
+
+def amx_quant_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
+    """quant_gemm for a bfloat16 x on AMX tiles: int8 or int4 without offsets, K and group_size multiples of
+    AMX_K_MULTIPLE (or one group); the float32 result (same sums up to their order)."""
+    source = x if x.stride(1) == 1 else x.contiguous()
+    y = torch.empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
+    _ops().amx_quant_gemm(qweight, scales, group_size, source, _float32(bias), y)
     return y
 
 

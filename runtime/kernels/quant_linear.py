@@ -168,6 +168,16 @@ def quant_linear_panels(x: Tensor, qweight: Tensor, scales: Tensor, group_size: 
     return y
 
 
+def amx_runs(x: Tensor, qweight: Tensor, offsets: Tensor | None, group_size: int) -> bool:
+    """A batch of a bfloat16 model's rows (a prefill) on AMX tiles (cpu_native.amx_quant_gemm): int8 or int4
+    without offsets, K and the groups whole tiles of 32. Its products are exact (x and q are bfloat16 values), so
+    it sums what quant_linear_panels sums in float32, 3-4.5x faster (32-512 rows of 2048 x 8192 here)."""
+    k = x.shape[1]
+    return (x.dtype == torch.bfloat16 and qweight.dtype in (torch.int8, torch.uint8) and offsets is None
+            and k % cpu_native.AMX_K_MULTIPLE == 0 and (group_size % cpu_native.AMX_K_MULTIPLE == 0 or group_size >= k)
+            and cpu_native.amx_ready())
+
+
 def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
                  offsets: Tensor | None = None) -> Tensor:
     """quant_linear_ref on the native kernels where they run (a CPU with the library, a format native_runs
@@ -183,6 +193,8 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bi
     elif x.is_cpu and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
         if flat.shape[0] <= NATIVE_MAX_ROWS:
             y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets)
+        elif amx_runs(flat, qweight, offsets, group_size):
+            y = cpu_native.amx_quant_gemm(flat, qweight, scales, group_size, bias)
         else:
             y = quant_linear_panels(flat, qweight, scales, group_size, bias, offsets)
     else:

@@ -163,3 +163,32 @@ def test_quantized_models_hold_fewer_bytes(tiny_checkpoint):
     sizes = {q: weight_bytes(LLM(directory, dtype="float32", quantization=q).engine.runner.model)
              for q in (None, "int8", "int4")}
     assert sizes[None] > sizes["int8"] > sizes["int4"] > 0
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("name", ["llama", "bamba", "granitemoehybrid"])
+def test_a_bfloat16_model_quantized_stays_close_to_float32(name, scheme, tiny_checkpoint):
+    """A bfloat16 model's quantized prefill runs on AMX tiles where the CPU has them (quant_linear.amx_runs): the
+    last-token logits of a batched prefill lose no more than 0.1 of their range and no more than twice HF's own
+    bfloat16 forward of the dequantized weights loses, against the engine's float32 run (test_parity's bounds)."""
+    from tiny_models import hf_last_logits
+
+    # A bfloat16 checkpoint: both engines quantize the same values (a float32 file would be quantized from its
+    # float32 weights by one and from their bfloat16 rounding by the other, and int4 levels flip between them).
+    directory, hf = tiny_checkpoint(name, initializer_range=0.125, dtype=torch.bfloat16)
+    full = LLM(directory, dtype="float32", quantization=scheme)
+    ids = [full.get_tokenizer().encode(p) for p in PROMPTS]
+    assert max(map(len, ids)) > 16  # past the decode kernels' rows: the prefill path
+    def last_logits(llm):
+        for prompt in ids:
+            llm.engine.add_request({"prompt_token_ids": prompt}, GREEDY)
+        seqs, logits = llm.engine.runner.execute(llm.engine.scheduler.schedule())
+        return logits
+    expected = last_logits(full)
+    got = last_logits(LLM(directory, dtype="bfloat16", quantization=scheme))
+    reference = dequantized_hf(hf, scheme)
+    hf_rows = torch.stack([hf_last_logits(reference, p) for p in ids])
+    hf_error, error = (hf_rows - expected).abs().max(), (got - expected).abs().max()
+    assert error < 0.1 * expected.abs().max() and error <= 2 * hf_error, (error, hf_error)
+    kept = hf_rows.argmax(-1) == expected.argmax(-1)
+    assert torch.equal(got.argmax(-1)[kept], expected.argmax(-1)[kept])

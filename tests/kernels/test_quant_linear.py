@@ -328,3 +328,34 @@ def test_moe_experts_run_the_native_kernels(scheme):
                                        rtol=1e-5, atol=1e-5 * got.abs().max().item())
             if rows <= NATIVE_MAX_ROWS:
                 assert torch.equal(got, cpu_native.quant_gemm(x, q, scales, experts.group_size, None))
+
+
+amx = pytest.mark.skipif(not cpu_native.amx_ready(), reason="no AMX tiles here (or Linux refused their state)")
+
+
+@amx
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("rows, out_features, in_features, bias",
+                         [(17, 40, 64, True), (32, 96, 128, False), (45, 70, 384, True), (100, 33, 256, True)])
+def test_a_bfloat16_prefill_on_amx_tiles_matches_the_reference(scheme, rows, out_features, in_features, bias):
+    # Tiles of 16 and 32 rows, a last partial panel of output features, one group (int8) or several (int4, 128).
+    g = torch.Generator().manual_seed(rows + in_features)
+    weight = torch.randn(out_features, in_features, generator=g)
+    x = torch.randn(rows, in_features, generator=g).to(torch.bfloat16)
+    b = torch.randn(out_features, generator=g) if bias else None
+    qweight, scales, group_size = quantize(weight, scheme)
+    expected = quant_linear_ref(x, qweight, scales, group_size, b)
+    assert quant_module.amx_runs(x, qweight, None, group_size)
+    for got in (cpu_native.amx_quant_gemm(x, qweight, scales, group_size, b),
+                quant_module.quant_linear(x, qweight, scales, group_size, b)):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@amx
+def test_amx_quant_gemm_refuses_what_its_tiles_cannot_hold():
+    qweight, scales, group_size = quantize(torch.randn(8, 48), "int8")
+    with pytest.raises(RuntimeError, match="tandem::amx_quant_gemm: argument 'x' must have a multiple of 32 columns"):
+        cpu_native.amx_quant_gemm(torch.randn(20, 48).to(torch.bfloat16), qweight, scales, group_size, None)
+    assert not quant_module.amx_runs(torch.randn(20, 48).to(torch.bfloat16), qweight, None, group_size)
+    assert not quant_module.amx_runs(torch.randn(20, 48), qweight, None, group_size)  # float32 x: exact float32 path

@@ -1041,12 +1041,125 @@ void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, con
     }
     free(padded);
 }
+
+/* 32 quantized values of one row from k (a multiple of 32), as 16 pairs of bfloat16 in 16 lanes: int8 as stored,
+ * int4 unpacked (two blocks of 16 in 16 bytes) and shifted by -8. Small integers are exact in bfloat16. */
+static inline __m512i amx_quant_pairs(const uint8_t *row, int format, int k) {
+    __m128i lo, hi;
+    if (format == TANDEM_QUANT_INT8) {
+        lo = _mm_loadu_si128((const __m128i *)(row + k));
+        hi = _mm_loadu_si128((const __m128i *)(row + k + 16));
+    } else {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(row + k / 2)), mask = _mm_set1_epi8(0x0f);
+        const __m128i low = _mm_and_si128(bytes, mask), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        const __m128i eight = _mm_set1_epi8(8);
+        lo = _mm_sub_epi8(_mm_unpacklo_epi64(low, high), eight);  /* block 0: its values 0-7, then 8-15 */
+        hi = _mm_sub_epi8(_mm_unpackhi_epi64(low, high), eight);  /* block 1 */
+    }
+    const __m256bh a = _mm512_cvtneps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)));
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)a), (__m256i)b, 1);
+}
+
+/* A panel of 32 rows of a quantized weight as amx_gemm's bfloat16 panel (pairs of k of the 32 features, one
+ * 128-byte row each): the values q themselves, exact; the scales are applied to the tiles' sums, per group. */
+static void amx_quant_panel(const uint8_t *w, int format, int64_t row_bytes, int64_t n0, int cols, int K,
+                            uint32_t *panel) {
+    const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(PANEL));
+    for (int c = 0; c < PANEL; c++) {
+        if (c >= cols) {
+            for (int p = 0; p < K / 2; p++) panel[(int64_t)p * PANEL + c] = 0;
+            continue;
+        }
+        const uint8_t *row = w + (n0 + c) * row_bytes;
+        for (int k = 0; k < K; k += 32)
+            _mm512_i32scatter_epi32(panel + (int64_t)(k / 2) * PANEL + c, stride, amx_quant_pairs(row, format, k), 4);
+    }
+}
+
+/* y = x W^T (+ bias) for a bfloat16 x and an int8 or int4 weight (quant.c's layouts, scales per group of
+ * group_size k, no offsets), on AMX tiles: each panel of 32 output features converted once to bfloat16 (exact),
+ * amx_gemm's tile loop per group, each group's float32 sums times its scales. The same sums as quant_gemm's up
+ * to their order, at AMX's rate where quant_gemm multiplies in float32. K and group_size multiples of 32. */
+void tandem_amx_quant_gemm(const uint8_t *w, int format, const float *scales, int group_size, const uint16_t *x,
+                           int64_t x_stride, const float *bias, float *y, int M, int N, int K, int num_threads) {
+    if (M < 1) return;
+    const int group = group_size < K ? group_size : K, groups = (K + group - 1) / group;
+    const int64_t row_bytes = format == TANDEM_QUANT_INT4 ? (int64_t)(K + 15) / 16 * 8 : K;
+    const int blocks = (M + AMX_ROWS - 1) / AMX_ROWS;
+    uint16_t *padded = (uint16_t *)calloc((size_t)blocks * AMX_ROWS * K, sizeof(uint16_t));
+    for (int m = 0; m < M; m++) memcpy(padded + (int64_t)m * K, x + m * x_stride, (size_t)K * sizeof(uint16_t));
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+#pragma omp parallel num_threads(num_threads)
+    {
+        struct tile_config config = {.palette = 1};
+        for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
+        _tile_loadconfig(&config);
+        uint32_t *panel = (uint32_t *)malloc((size_t)K / 2 * PANEL * sizeof(uint32_t));
+        float out[AMX_ROWS][PANEL], total[AMX_ROWS][PANEL];
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            const int64_t n0 = p * PANEL;
+            const int cols = N - n0 < PANEL ? (int)(N - n0) : PANEL;
+            amx_quant_panel(w, format, row_bytes, n0, cols, K, panel);
+            const uint16_t *wp = (const uint16_t *)panel;
+            for (int block = 0; block < blocks; block++) {
+                const uint16_t *xs = padded + (int64_t)block * AMX_ROWS * K;
+                const int rows = M - block * AMX_ROWS < AMX_ROWS ? M - block * AMX_ROWS : AMX_ROWS;
+                memset(total, 0, sizeof total);
+                for (int g = 0; g < groups; g++) {
+                    const int k0 = g * group, k1 = k0 + group < K ? k0 + group : K;
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    for (int k = k0; k < k1; k += 32) {
+                        _tile_loadd(4, xs + k, K * 2);
+                        _tile_loadd(6, wp + (int64_t)k * PANEL, PANEL * 4);
+                        _tile_loadd(7, wp + (int64_t)k * PANEL + 32, PANEL * 4);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        if (rows > 16) {
+                            _tile_loadd(5, xs + 16 * K + k, K * 2);
+                            _tile_dpbf16ps(2, 5, 6);
+                            _tile_dpbf16ps(3, 5, 7);
+                        }
+                    }
+                    _tile_stored(0, &out[0][0], PANEL * 4);
+                    _tile_stored(1, &out[0][16], PANEL * 4);
+                    if (rows > 16) {
+                        _tile_stored(2, &out[16][0], PANEL * 4);
+                        _tile_stored(3, &out[16][16], PANEL * 4);
+                    }
+                    float scale[PANEL];
+                    for (int c = 0; c < PANEL; c++) scale[c] = c < cols ? scales[(n0 + c) * groups + g] : 0.0f;
+                    for (int r = 0; r < rows; r++)
+                        for (int c = 0; c < PANEL; c++) total[r][c] += out[r][c] * scale[c];
+                }
+                for (int r = 0; r < rows; r++) {
+                    float *dst = y + ((int64_t)block * AMX_ROWS + r) * N + n0;
+                    for (int c = 0; c < cols; c++) dst[c] = total[r][c] + (bias ? bias[n0 + c] : 0.0f);
+                }
+            }
+        }
+        free(panel);
+        _tile_release();
+    }
+    free(padded);
+}
 #else
 int tandem_amx_ready(void) { return 0; }
 
 void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, const float *bias, uint16_t *y,
                      int M, int N, int K, int num_threads) {
     (void)w; (void)x; (void)x_stride; (void)bias; (void)y; (void)M; (void)N; (void)K; (void)num_threads;
+}
+
+void tandem_amx_quant_gemm(const uint8_t *w, int format, const float *scales, int group_size, const uint16_t *x,
+                           int64_t x_stride, const float *bias, float *y, int M, int N, int K, int num_threads) {
+    (void)w; (void)format; (void)scales; (void)group_size; (void)x; (void)x_stride; (void)bias; (void)y; (void)M;
+    (void)N; (void)K; (void)num_threads;
 }
 #endif
 

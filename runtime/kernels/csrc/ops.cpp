@@ -459,6 +459,32 @@ void quant_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTenso
                     args.count("x", in_features), threads());
 }
 
+// quant_gemm for a bfloat16 x on AMX tiles (int8 and int4 without offsets; K and group_size multiples of 32).
+void amx_quant_gemm(const Tensor &qweight, const Tensor &scales, int64_t group_size, const Tensor &x,
+                    const OptionalTensor &bias, const Tensor &y) {
+  const Args args("amx_quant_gemm");
+  args.tensor("x", x, {ScalarType::BFloat16}, 2);
+  TANDEM_REQUIRE(args, x.stride(1) == 1, "x", "must have contiguous rows");
+  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
+  const int format = check_quant(args, qweight, scales, OptionalTensor(), group_size, in_features);
+  TANDEM_REQUIRE(args, format != TANDEM_QUANT_FP8, "qweight", "must be int8 or int4, got float8_e4m3fn");
+  TANDEM_REQUIRE(args, in_features % TANDEM_AMX_K_MULTIPLE == 0, "x",
+                 "must have a multiple of " + std::to_string(TANDEM_AMX_K_MULTIPLE) + " columns, got " +
+                     std::to_string(in_features));
+  TANDEM_REQUIRE(args, group_size % TANDEM_AMX_K_MULTIPLE == 0 || group_size >= in_features, "group_size",
+                 "must be a multiple of " + std::to_string(TANDEM_AMX_K_MULTIPLE) + " or span the row, got " +
+                     std::to_string(group_size));
+  args.optional("bias", bias, ScalarType::Float, {out_features});
+  args.tensor("y", y, {ScalarType::Float}, 2);
+  args.shape("y", y, {rows, out_features});
+  args.contiguous("y", y);
+  TANDEM_REQUIRE(args, tandem_amx_ready(), "x", "cannot run on AMX tiles here (no AMX, or Linux refused its state)");
+  tandem_amx_quant_gemm(static_cast<const uint8_t *>(qweight.data_ptr()), format, scales.data_ptr<float>(),
+                        static_cast<int>(group_size), static_cast<const uint16_t *>(x.data_ptr()), x.stride(0),
+                        pointer<float>(bias), y.data_ptr<float>(), args.count("x", rows),
+                        args.count("qweight", out_features), args.count("x", in_features), threads());
+}
+
 // The weight quant_gemm reads, dequantized into out: float32 (N, K).
 void quant_dequantize(const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets,
                       int64_t group_size, const Tensor &out) {
@@ -632,6 +658,7 @@ TORCH_LIBRARY(tandem, m) {
   m.def("quant_gemm(Tensor qweight, Tensor scales, Tensor? offsets, int group_size, Tensor x, Tensor? bias, "
         "Tensor(a!) y) -> ()");
   m.def("quant_dequantize(Tensor qweight, Tensor scales, Tensor? offsets, int group_size, Tensor(a!) out) -> ()");
+  m.def("amx_quant_gemm(Tensor qweight, Tensor scales, int group_size, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("decode_attention(Tensor q, bool q_bf16, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor seq_lens, float scale, Tensor(a!) out) -> ()");
   m.def("silu_and_mul(Tensor gate, Tensor up, Tensor(a!) out) -> ()");
@@ -656,6 +683,7 @@ TORCH_LIBRARY_IMPL(tandem, CPU, m) {
   m.impl("amx_gemm", &amx_gemm);
   m.impl("quant_gemm", &quant_gemm);
   m.impl("quant_dequantize", &quant_dequantize);
+  m.impl("amx_quant_gemm", &amx_quant_gemm);
   m.impl("decode_attention", &decode_attention);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("store_kv", &store_kv);

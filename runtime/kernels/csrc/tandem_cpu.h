@@ -49,6 +49,9 @@ void tandem_panel_gemm(const void *w, int bf16, const void *x, int64_t x_stride,
 int tandem_amx_ready(void);
 void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, const float *bias, uint16_t *y,
                      int M, int N, int K, int num_threads);
+/* amx_gemm for an int8 or int4 weight (quant.c's layouts, no offsets) and a bfloat16 x: float32 y (M, N). */
+void tandem_amx_quant_gemm(const uint8_t *w, int format, const float *scales, int group_size, const uint16_t *x,
+                           int64_t x_stride, const float *bias, float *y, int M, int N, int K, int num_threads);
 #define TANDEM_INT4_BLOCK 16 /* int4 values per block of 8 bytes (quant.c); an int4 group is whole blocks */
 
 /* quant.c's weight formats: int8 (N, K); int4 (N, ceil(K / 16) * 8), blocks of 16 values in 8 bytes, byte j
