@@ -1061,52 +1061,65 @@ static inline __m512i amx_quant_pairs(const uint8_t *row, int format, int k) {
     return _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)a), (__m256i)b, 1);
 }
 
-/* A panel of 32 rows of a quantized weight as amx_gemm's bfloat16 panel (pairs of k of the 32 features, one
- * 128-byte row each): the values q themselves, exact; the scales are applied to the tiles' sums, per group. */
-static void amx_quant_panel(const uint8_t *w, int format, int64_t row_bytes, int64_t n0, int cols, int K,
-                            uint32_t *panel) {
-    const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                              _mm512_set1_epi32(PANEL));
+/* Rows n0 .. n0 + 32 of a quantized weight as bfloat16 rows (32, K), the values q themselves, exact (rows past
+ * `cols` zero); the scales are applied to the tiles' sums, per group. */
+static void amx_quant_rows(const uint8_t *w, int format, int64_t row_bytes, int64_t n0, int cols, int K,
+                           uint16_t *rows) {
     for (int c = 0; c < PANEL; c++) {
+        uint16_t *dst = rows + (int64_t)c * K;
         if (c >= cols) {
-            for (int p = 0; p < K / 2; p++) panel[(int64_t)p * PANEL + c] = 0;
+            memset(dst, 0, (size_t)K * sizeof(uint16_t));
             continue;
         }
         const uint8_t *row = w + (n0 + c) * row_bytes;
-        for (int k = 0; k < K; k += 32)
-            _mm512_i32scatter_epi32(panel + (int64_t)(k / 2) * PANEL + c, stride, amx_quant_pairs(row, format, k), 4);
+        for (int k = 0; k < K; k += 32) _mm512_storeu_si512(dst + k, amx_quant_pairs(row, format, k));
     }
 }
 
+/* x's rows in blocks of 16 tokens as AMX's second operand: pairs of k of the 16 tokens, one 64-byte row each,
+ * (blocks, K / 2, 16, 2), tokens past M zero. */
+static uint16_t *amx_token_pairs(const uint16_t *x, int64_t x_stride, int M, int K, int blocks16) {
+    uint16_t *pairs = (uint16_t *)calloc((size_t)blocks16 * 16 * K, sizeof(uint16_t));
+    for (int m = 0; m < M; m++) {
+        uint16_t *block = pairs + (int64_t)(m / 16) * 16 * K + (m % 16) * 2;
+        const uint16_t *row = x + m * x_stride;
+        for (int k = 0; k < K; k += 2) {
+            block[(int64_t)(k / 2) * 32] = row[k];
+            block[(int64_t)(k / 2) * 32 + 1] = row[k + 1];
+        }
+    }
+    return pairs;
+}
+
 /* y = x W^T (+ bias) for a bfloat16 x and an int8 or int4 weight (quant.c's layouts, scales per group of
- * group_size k, no offsets), on AMX tiles: each panel of 32 output features converted once to bfloat16 (exact),
- * amx_gemm's tile loop per group, each group's float32 sums times its scales. The same sums as quant_gemm's up
- * to their order, at AMX's rate where quant_gemm multiplies in float32. K and group_size multiples of 32. */
+ * group_size k, no offsets), on AMX tiles, as W x^T: each panel of 32 output features converted once to
+ * bfloat16 rows (exact: the values q) is the tiles' first operand as it lies, x's tokens in pairs of k the
+ * second (converted once per call); per group, four 16 x 16 float32 tiles (32 features x 32 tokens), their sums
+ * times the features' scales. The same sums as quant_gemm's up to their order, at AMX's rate where quant_gemm
+ * multiplies in float32. K and group_size multiples of 32. */
 void tandem_amx_quant_gemm(const uint8_t *w, int format, const float *scales, int group_size, const uint16_t *x,
                            int64_t x_stride, const float *bias, float *y, int M, int N, int K, int num_threads) {
     if (M < 1) return;
     const int group = group_size < K ? group_size : K, groups = (K + group - 1) / group;
     const int64_t row_bytes = format == TANDEM_QUANT_INT4 ? (int64_t)(K + 15) / 16 * 8 : K;
     const int blocks = (M + AMX_ROWS - 1) / AMX_ROWS;
-    uint16_t *padded = (uint16_t *)calloc((size_t)blocks * AMX_ROWS * K, sizeof(uint16_t));
-    for (int m = 0; m < M; m++) memcpy(padded + (int64_t)m * K, x + m * x_stride, (size_t)K * sizeof(uint16_t));
+    uint16_t *tokens = amx_token_pairs(x, x_stride, M, K, blocks * 2);
     const int64_t panels = (N + PANEL - 1) / PANEL;
 #pragma omp parallel num_threads(num_threads)
     {
         struct tile_config config = {.palette = 1};
         for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
         _tile_loadconfig(&config);
-        uint32_t *panel = (uint32_t *)malloc((size_t)K / 2 * PANEL * sizeof(uint32_t));
-        float out[AMX_ROWS][PANEL], total[AMX_ROWS][PANEL];
+        uint16_t *rows = (uint16_t *)malloc((size_t)PANEL * K * sizeof(uint16_t));
+        float out[PANEL][AMX_ROWS], total[PANEL][AMX_ROWS];  /* features x tokens */
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
             const int64_t n0 = p * PANEL;
             const int cols = N - n0 < PANEL ? (int)(N - n0) : PANEL;
-            amx_quant_panel(w, format, row_bytes, n0, cols, K, panel);
-            const uint16_t *wp = (const uint16_t *)panel;
+            amx_quant_rows(w, format, row_bytes, n0, cols, K, rows);
             for (int block = 0; block < blocks; block++) {
-                const uint16_t *xs = padded + (int64_t)block * AMX_ROWS * K;
-                const int rows = M - block * AMX_ROWS < AMX_ROWS ? M - block * AMX_ROWS : AMX_ROWS;
+                const uint16_t *t0 = tokens + (int64_t)block * 2 * 16 * K, *t1 = t0 + 16 * K;
+                const int count = M - block * AMX_ROWS < AMX_ROWS ? M - block * AMX_ROWS : AMX_ROWS;
                 memset(total, 0, sizeof total);
                 for (int g = 0; g < groups; g++) {
                     const int k0 = g * group, k1 = k0 + group < K ? k0 + group : K;
@@ -1115,38 +1128,38 @@ void tandem_amx_quant_gemm(const uint8_t *w, int format, const float *scales, in
                     _tile_zero(2);
                     _tile_zero(3);
                     for (int k = k0; k < k1; k += 32) {
-                        _tile_loadd(4, xs + k, K * 2);
-                        _tile_loadd(6, wp + (int64_t)k * PANEL, PANEL * 4);
-                        _tile_loadd(7, wp + (int64_t)k * PANEL + 32, PANEL * 4);
+                        _tile_loadd(4, rows + k, K * 2);           /* features 0-15 */
+                        _tile_loadd(5, rows + 16 * K + k, K * 2);  /* features 16-31 */
+                        _tile_loadd(6, t0 + (int64_t)k * 16, 64);  /* tokens 0-15 */
                         _tile_dpbf16ps(0, 4, 6);
-                        _tile_dpbf16ps(1, 4, 7);
-                        if (rows > 16) {
-                            _tile_loadd(5, xs + 16 * K + k, K * 2);
-                            _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(1, 5, 6);
+                        if (count > 16) {
+                            _tile_loadd(7, t1 + (int64_t)k * 16, 64);  /* tokens 16-31 */
+                            _tile_dpbf16ps(2, 4, 7);
                             _tile_dpbf16ps(3, 5, 7);
                         }
                     }
-                    _tile_stored(0, &out[0][0], PANEL * 4);
-                    _tile_stored(1, &out[0][16], PANEL * 4);
-                    if (rows > 16) {
-                        _tile_stored(2, &out[16][0], PANEL * 4);
-                        _tile_stored(3, &out[16][16], PANEL * 4);
+                    _tile_stored(0, &out[0][0], AMX_ROWS * 4);
+                    _tile_stored(1, &out[16][0], AMX_ROWS * 4);
+                    if (count > 16) {
+                        _tile_stored(2, &out[0][16], AMX_ROWS * 4);
+                        _tile_stored(3, &out[16][16], AMX_ROWS * 4);
                     }
-                    float scale[PANEL];
-                    for (int c = 0; c < PANEL; c++) scale[c] = c < cols ? scales[(n0 + c) * groups + g] : 0.0f;
-                    for (int r = 0; r < rows; r++)
-                        for (int c = 0; c < PANEL; c++) total[r][c] += out[r][c] * scale[c];
+                    for (int c = 0; c < cols; c++) {
+                        const float scale = scales[(n0 + c) * groups + g];
+                        for (int r = 0; r < AMX_ROWS; r++) total[c][r] += out[c][r] * scale;
+                    }
                 }
-                for (int r = 0; r < rows; r++) {
+                for (int r = 0; r < count; r++) {
                     float *dst = y + ((int64_t)block * AMX_ROWS + r) * N + n0;
-                    for (int c = 0; c < cols; c++) dst[c] = total[r][c] + (bias ? bias[n0 + c] : 0.0f);
+                    for (int c = 0; c < cols; c++) dst[c] = total[c][r] + (bias ? bias[n0 + c] : 0.0f);
                 }
             }
         }
-        free(panel);
+        free(rows);
         _tile_release();
     }
-    free(padded);
+    free(tokens);
 }
 #else
 int tandem_amx_ready(void) { return 0; }
