@@ -55,6 +55,9 @@ def valid_arguments(op: str) -> list:
     if op == "quant_gemm":  # int4: 6 features, K 40 in groups of 16 (the last partial), 16 values in 8 bytes
         return [torch.randint(0, 256, (6, 24), dtype=torch.uint8), r(6, 3).abs(), r(6, 3), 16, r(2, 40), r(6),
                 torch.empty(2, 6)]
+    if op == "amx_quant_gemm":  # int4: 40 features, K 64 in one group (16 values in 8 bytes), a bfloat16 x
+        return [torch.randint(0, 256, (40, 32), dtype=torch.uint8), r(40, 1).abs(), 128, r(2, 64).to(bf16), r(40),
+                torch.empty(2, 40)]
     if op == "quant_dequantize":  # int8: 6 features, K 8 in one group
         return [torch.randint(-127, 128, (6, 8), dtype=torch.int8), r(6, 1).abs(), r(6, 1), 8, torch.empty(6, 8)]
     if op == "lora_shrink":  # 3 rows, 2 adapters and the zero slot, rank 4, 8 inputs
@@ -83,7 +86,7 @@ def with_argument(op: str, index: int, value) -> list:
     return arguments
 
 
-RUNNABLE = [op for op in cpu_native.MUTATING_OPS if op not in ("panel_gemm", "amx_gemm")]
+RUNNABLE = [op for op in cpu_native.MUTATING_OPS if op not in ("panel_gemm", "amx_gemm", "amx_quant_gemm")]
 CASES = [(op, i, name) for op in cpu_native.MUTATING_OPS for i, name in tensor_arguments(op)]
 # store_kv copies rows of any dtype, the same for all four tensors: a changed key is told apart by the value.
 DTYPE_NAMED = {("store_kv", "key"): "value"}
@@ -137,6 +140,8 @@ WRONG_SHAPES = [
     ("quant_gemm", "bias", (5,)), ("quant_gemm", "y", (2, 7)),
     ("quant_dequantize", "qweight", (6, 9)), ("quant_dequantize", "scales", (6, 2)),
     ("quant_dequantize", "out", (7, 8)),
+    ("amx_quant_gemm", "qweight", (40, 24)), ("amx_quant_gemm", "scales", (40, 2)), ("amx_quant_gemm", "bias", (39,)),
+    ("amx_quant_gemm", "y", (2, 41)),
     ("lora_shrink", "lora_a", (3, 4, 9)), ("lora_shrink", "indices", (2,)), ("lora_shrink", "out", (3, 5)),
     ("lora_expand", "lora_b", (3, 5, 6)), ("lora_expand", "lora_bias", (3, 7)), ("lora_expand", "y", (3, 7)),
 ]

@@ -464,7 +464,7 @@ void amx_quant_gemm(const Tensor &qweight, const Tensor &scales, int64_t group_s
                     const OptionalTensor &bias, const Tensor &y) {
   const Args args("amx_quant_gemm");
   args.tensor("x", x, {ScalarType::BFloat16}, 2);
-  TANDEM_REQUIRE(args, x.stride(1) == 1, "x", "must have contiguous rows");
+  args.contiguous_from("x", x, 1);  // its rows: any row stride
   const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
   const int format = check_quant(args, qweight, scales, OptionalTensor(), group_size, in_features);
   TANDEM_REQUIRE(args, format != TANDEM_QUANT_FP8, "qweight", "must be int8 or int4, got float8_e4m3fn");
