@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ from runtime.quant import parallel as quant_parallel
 from runtime.runner import ModelRunner, PromptLogits, StepPlan, plan_step, split_logits
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
+
+# How long a failed step waits to see a worker exit before it reports "a rank" unnamed (a killed stage's
+# connection reset arrives first, sometimes, and the process is reaped a moment later).
+LOST_RANK_WAIT_S = 2.0
 
 logger = logging.getLogger("tandem")
 
@@ -170,8 +175,9 @@ class TensorParallelRunner:
 
     def _lost(self, err: Exception) -> None:
         """A step failed in the group's messages: if a rank is gone, stop the rest and say which one."""
-        dead = [(rank, p.pid, p.exitcode) for rank, p in enumerate(self.group.processes, 1) if not p.is_alive()]
-        if not dead and not isinstance(err, dist.DistError) and not any(w in str(err) for w in ("gloo", "NCCL")):
+        group_error = isinstance(err, dist.DistError) or any(w in str(err) for w in ("gloo", "NCCL"))
+        dead = self._dead(LOST_RANK_WAIT_S if group_error else 0.0)
+        if not dead and not group_error:
             return
         if current() is self.group:
             shutdown_group()  # the others are stopped (asked, terminated, killed); nothing is left running
@@ -179,6 +185,16 @@ class TensorParallelRunner:
         named = ", ".join(f"rank {r} (stage {r // tp}, pid {pid}, exit code {code})" for r, pid, code in dead)
         raise RuntimeError(f"the parallel group lost {named or 'a rank'} during a step ({err}); the engine "
                            "stopped and its processes with it: start it again") from err
+
+    def _dead(self, wait_s: float) -> list[tuple[int, int, int | None]]:
+        """(rank, pid, exit code) of the workers that are gone, waiting up to `wait_s` for one to be: a peer's
+        connection reset can reach this rank before the killed process is reaped."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [(rank, p.pid, p.exitcode) for rank, p in enumerate(self.group.processes, 1) if not p.is_alive()]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.02)
 
     @property
     def lora(self) -> Any:
