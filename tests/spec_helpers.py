@@ -1,6 +1,7 @@
 """Shared by the speculative decoding tests (n-gram, draft model, MTP): stepping an engine while watching what
-each step holds, the counters' check that drafts were both accepted and rejected, and the checkpoints they
-build: a perturbed copy of a model (a draft model) and `mtp.*` heads written into a Qwen3-Next/Qwen3.5 one."""
+each step holds, the comparison of outputs with a reference, the counters' check that drafts were both accepted
+and rejected, and the checkpoints they build: a perturbed copy of a model (a draft model) and `mtp.*` heads
+written into a Qwen3-Next/Qwen3.5 one."""
 
 import shutil
 
@@ -24,6 +25,16 @@ def run_watching_steps(llm, prompts, params):
         mixed |= drafted and plain and bool(prefill)
         done.update({o.request_id: o for o in engine.step() if o.finished})
     return [done[i] for i in ids], mixed
+
+
+def assert_same_outputs(outputs, reference):
+    """Each request's tokens equal the reference's, and its logprobs (the same top tokens) within 1e-4."""
+    for got, want in zip(outputs, reference):
+        got, want = got.outputs[0], want.outputs[0]
+        assert got.token_ids == want.token_ids
+        for a, b in zip(got.logprobs, want.logprobs):
+            assert a.keys() == b.keys()
+            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
 
 
 def assert_drafts_accepted_and_rejected(llm):

@@ -47,9 +47,6 @@ class LingeringTransport:
         self._transport.resume_reading()  # flow control may have paused it while the body arrived
         self._loop.call_later(LINGER_S, self._transport.close)
 
-    def abort(self) -> None:
-        self._transport.abort()
-
 
 def with_read_deadline(read_timeout: float) -> type[H11Protocol]:
     class DeadlineH11Protocol(H11Protocol):

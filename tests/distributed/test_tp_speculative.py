@@ -6,7 +6,8 @@ tokens and logprobs equal one device without speculation, with drafts accepted a
 prefix cache, and under preemption. One group of two processes serves every engine here."""
 
 import pytest
-from spec_helpers import ATTENTION_LAYER, add_mtp_head, assert_drafts_accepted_and_rejected, perturbed_copy
+from spec_helpers import (ATTENTION_LAYER, add_mtp_head, assert_drafts_accepted_and_rejected, assert_same_outputs,
+                          perturbed_copy)
 from tiny_models import build_deltanet_model
 
 from runtime import LLM, SamplingParams
@@ -51,15 +52,6 @@ def speculate(directory, spec, **parallel):
         llm.engine.shutdown()
 
 
-def assert_same(outputs, reference):
-    for got, want in zip(outputs, reference):
-        got, want = got.outputs[0], want.outputs[0]
-        assert got.token_ids == want.token_ids
-        for a, b in zip(got.logprobs, want.logprobs):
-            assert a.keys() == b.keys()
-            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
-
-
 # A draft model ------------------------------------------------------------------------------------
 
 
@@ -80,7 +72,7 @@ def test_a_draft_model_beside_a_parallel_model(bamba, bamba_reference, parallel)
     target, draft = bamba
     spec = {"model": str(draft), "num_speculative_tokens": 3}
     for outputs in speculate(target, spec, **{parallel: 2}):
-        assert_same(outputs, bamba_reference)
+        assert_same_outputs(outputs, bamba_reference)
 
 
 # An MTP head ---------------------------------------------------------------------------------------
@@ -106,7 +98,7 @@ def qwen3_5_reference(qwen3_5):
 @pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
 def test_an_mtp_head_beside_a_parallel_model(qwen3_5, qwen3_5_reference, parallel):
     for outputs in speculate(qwen3_5, MTP, **{parallel: 2}):
-        assert_same(outputs, qwen3_5_reference)
+        assert_same_outputs(outputs, qwen3_5_reference)
 
 
 # Preemption ----------------------------------------------------------------------------------------
@@ -137,4 +129,4 @@ def test_preemption_beside_a_parallel_model(bamba, qwen3_5, method, parallel):
         assert_drafts_accepted_and_rejected(llm)
     finally:
         llm.engine.shutdown()
-    assert_same(outputs, reference)
+    assert_same_outputs(outputs, reference)

@@ -10,7 +10,7 @@ them, so that steps mix verifies, plain decodes and prefill chunks.
 import random
 
 import pytest
-from spec_helpers import assert_drafts_accepted_and_rejected, run_watching_steps
+from spec_helpers import assert_drafts_accepted_and_rejected, assert_same_outputs, run_watching_steps
 from tiny_models import DELTANET_CONFIGS, FAMILY_CONFIGS, build_deltanet_model, build_family_model
 
 from runtime import LLM, SamplingParams
@@ -64,15 +64,6 @@ def reference(checkpoint):
     return llm.generate(PROMPTS, PARAMS, use_tqdm=False)
 
 
-def assert_same(outputs, reference):
-    for got, want in zip(outputs, reference):
-        got, want = got.outputs[0], want.outputs[0]
-        assert got.token_ids == want.token_ids
-        for a, b in zip(got.logprobs, want.logprobs):
-            assert a.keys() == b.keys()
-            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
-
-
 def assert_pool_free(llm):
     assert llm.engine.cache.num_free_pages == llm.engine.cache.num_pages
 
@@ -80,7 +71,7 @@ def assert_pool_free(llm):
 def test_greedy_tokens_and_logprobs_equal_without_speculation(checkpoint, reference):
     llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
     outputs, mixed = run_watching_steps(llm, PROMPTS, PARAMS)
-    assert_same(outputs, reference)
+    assert_same_outputs(outputs, reference)
     assert_drafts_accepted_and_rejected(llm)
     assert mixed, "no step held a verify, a plain decode and a prefill chunk together"
     # Each request's own counters (RequestOutput.spec_decode) add up to the engine's.
@@ -98,9 +89,9 @@ def test_with_prefix_caching(checkpoint):
     shared = random.Random(2).sample(range(3, 320), llm.engine.cache.prefix.block_size + 3)
     prompts = [{"prompt_token_ids": shared + p["prompt_token_ids"]} for p in PROMPTS[:3]]
     reference = LLM(checkpoint, dtype="float32").generate(prompts, PARAMS[:3], use_tqdm=False)
-    assert_same(llm.generate(prompts, PARAMS[:3], use_tqdm=False), reference)
+    assert_same_outputs(llm.generate(prompts, PARAMS[:3], use_tqdm=False), reference)
     again = llm.generate(prompts, PARAMS[:3], use_tqdm=False)  # drafts verified after a cached prefix
-    assert_same(again, reference)
+    assert_same_outputs(again, reference)
     assert all(o.num_cached_tokens > 0 for o in again)
     assert_drafts_accepted_and_rejected(llm)
 
@@ -121,7 +112,7 @@ def test_with_preemption(checkpoint):
     llm = LLM(checkpoint, dtype="float32", speculative_config=SPEC, max_model_len=64, num_pages=pages,
               max_num_seqs=2)
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    assert_same(outputs, reference)
+    assert_same_outputs(outputs, reference)
     if layout.block_size:  # attention pages grow with each sequence, so the pool runs dry mid-decode
         assert sum(o.num_preemptions for o in outputs) > 0
     # Some models settle on one token here: every draft then holds (the other tests see rejections).

@@ -10,6 +10,7 @@ import random
 
 import pytest
 from lora_helpers import build_checkpoint, linear_names, make_adapter, targets
+from spec_helpers import assert_same_outputs
 
 from runtime import LLM, LoRARequest, SamplingParams
 
@@ -56,12 +57,7 @@ def test_adapters_with_speculation_give_the_tokens_without(case):
     changed = [r.outputs[0].token_ids != b.outputs[0].token_ids for r, b in zip(reference, base)]
     assert changed == [lora is not None for lora in loras], "each adapter must change its request's tokens"
     llm, outputs = generate(directory, loras, speculative_config=SPEC)
-    for got, want in zip(outputs, reference):
-        got, want = got.outputs[0], want.outputs[0]
-        assert got.token_ids == want.token_ids
-        for a, b in zip(got.logprobs, want.logprobs):
-            assert a.keys() == b.keys()
-            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+    assert_same_outputs(outputs, reference)
     # Drafts were verified through each adapter, and some of them were rejected.
     per_request = [o.spec_decode for o in outputs]
     assert all(c is not None and c.num_draft_tokens > 0 for c, lora in zip(per_request, loras) if lora is not None)

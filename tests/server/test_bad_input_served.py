@@ -77,6 +77,19 @@ def test_each_choice_counts_against_max_waiting(queue_server):
     assert queue_server.wait_idle()["tandem_cache_pages_used"] == 0
 
 
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (or resets it)."""
+    received = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return received
+        if not data:
+            return received
+        received += data
+
+
 def test_a_chunked_body_over_the_limit_gets_its_413_and_the_connection_closes(server):
     # The body never ends: the server used to read and discard it until the 30 s read deadline.
     url = urlsplit(server.url)
@@ -90,15 +103,7 @@ def test_a_chunked_body_over_the_limit_gets_its_413_and_the_connection_closes(se
                 sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         except OSError:
             pass  # closed by the server
-        received = b""
-        while True:
-            try:
-                data = sock.recv(65536)
-            except ConnectionResetError:
-                break
-            if not data:
-                break
-            received += data
+        received = read_until_closed(sock)
     assert received.startswith(b"HTTP/1.1 413 ") and b"larger than the server's limit" in received
     assert b"connection: close" in received.lower()
     assert time.monotonic() - start < 10
@@ -145,15 +150,7 @@ def test_a_body_over_the_limit_still_being_sent_gets_its_413_not_a_reset(server)
             except OSError:
                 pass  # the server stopped reading
             time.sleep(0.2)  # the 413 has been written and the connection closed by now
-            received = b""
-            while True:
-                try:
-                    data = sock.recv(65536)
-                except ConnectionResetError:
-                    break
-                if not data:
-                    break
-                received += data
+            received = read_until_closed(sock)
         assert received.startswith(b"HTTP/1.1 413 "), received[:200]
         assert b"larger than the server's limit" in received, received
 

@@ -15,7 +15,8 @@ import random
 
 import pytest
 import torch
-from spec_helpers import ATTENTION_LAYER, add_mtp_head, assert_drafts_accepted_and_rejected, run_watching_steps
+from spec_helpers import (ATTENTION_LAYER, add_mtp_head, assert_drafts_accepted_and_rejected, assert_same_outputs,
+                          run_watching_steps)
 from tiny_models import build_deltanet_model
 
 from runtime import LLM, SamplingParams
@@ -46,15 +47,6 @@ def checkpoint(request, tmp_path_factory, tokenizer_dir):
     return directory
 
 
-def assert_same(outputs, reference):
-    for got, want in zip(outputs, reference):
-        got, want = got.outputs[0], want.outputs[0]
-        assert got.token_ids == want.token_ids
-        for a, b in zip(got.logprobs, want.logprobs):
-            assert a.keys() == b.keys()
-            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
-
-
 def assert_released(llm):
     """Every page back in the pool, and no sequence's head cache left behind."""
     engine = llm.engine
@@ -68,7 +60,7 @@ def test_greedy_tokens_and_logprobs_equal_without_speculation(checkpoint):
                                                                                          use_tqdm=False)
     llm = LLM(checkpoint, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
     outputs, mixed = run_watching_steps(llm, PROMPTS, PARAMS)
-    assert_same(outputs, reference)
+    assert_same_outputs(outputs, reference)
     assert_drafts_accepted_and_rejected(llm)
     assert mixed, "no step held a verify, a plain decode and a prefill chunk together"
     assert_released(llm)
@@ -80,9 +72,9 @@ def test_with_prefix_caching(checkpoint):
     shared = random.Random(2).sample(range(3, 320), llm.engine.cache.prefix.block_size + 3)
     prompts = [{"prompt_token_ids": shared + p["prompt_token_ids"]} for p in PROMPTS[:3]]
     reference = LLM(checkpoint, dtype="float32").generate(prompts, PARAMS[:3], use_tqdm=False)
-    assert_same(llm.generate(prompts, PARAMS[:3], use_tqdm=False), reference)
+    assert_same_outputs(llm.generate(prompts, PARAMS[:3], use_tqdm=False), reference)
     again = llm.generate(prompts, PARAMS[:3], use_tqdm=False)  # the head never saw the cached positions
-    assert_same(again, reference)
+    assert_same_outputs(again, reference)
     assert all(o.num_cached_tokens > 0 for o in again)
     assert_drafts_accepted_and_rejected(llm)
 
@@ -101,7 +93,7 @@ def test_with_preemption(checkpoint):
     llm = LLM(checkpoint, dtype="float32", speculative_config=SPEC, max_model_len=64, num_pages=pages,
               max_num_seqs=2)
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    assert_same(outputs, reference)
+    assert_same_outputs(outputs, reference)
     assert sum(o.num_preemptions for o in outputs) > 0
     assert llm.engine.speculator.counters.num_accepted_tokens > 0
     assert_released(llm)

@@ -976,6 +976,13 @@ struct tile_config {
     uint8_t rows[16];
 };
 
+/* This thread's eight tiles: 16 rows of 64 bytes each (16 float32 sums, or 32 bfloat16 values). */
+static inline void amx_configure_tiles(void) {
+    struct tile_config config = {.palette = 1};
+    for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
+    _tile_loadconfig(&config);
+}
+
 int tandem_amx_ready(void) {
     static int ready = -1;
     if (ready < 0) ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
@@ -991,9 +998,7 @@ void tandem_amx_gemm(const uint16_t *w, const uint16_t *x, int64_t x_stride, con
     const int64_t panels = (N + PANEL - 1) / PANEL, panel_size = (int64_t)PANEL * K;
 #pragma omp parallel num_threads(num_threads)
     {
-        struct tile_config config = {.palette = 1};
-        for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
-        _tile_loadconfig(&config);
+        amx_configure_tiles();
         float out[AMX_ROWS][PANEL];
 #pragma omp for schedule(static)
         for (int64_t panel = 0; panel < panels; panel++) {
@@ -1107,9 +1112,7 @@ void tandem_amx_quant_gemm(const uint8_t *w, int format, const float *scales, in
     const int64_t panels = (N + PANEL - 1) / PANEL;
 #pragma omp parallel num_threads(num_threads)
     {
-        struct tile_config config = {.palette = 1};
-        for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
-        _tile_loadconfig(&config);
+        amx_configure_tiles();
         uint16_t *rows = (uint16_t *)malloc((size_t)PANEL * K * sizeof(uint16_t));
         float out[PANEL][AMX_ROWS], total[PANEL][AMX_ROWS];  /* features x tokens */
 #pragma omp for schedule(static)
