@@ -36,6 +36,11 @@ LEVELS = {"int8": 127, "int4": 7}
 # cross (one thread, AVX2, N = K = 2048, int8 / int4): 8 rows 1.9 / 1.6 ms in registers against 2.7 / 2.6 by
 # panels, 16 rows 3.7 / 3.6 against 3.7 / 3.8, 24 rows 5.5 / 5.1 against 4.1 / 4.8.
 NATIVE_MAX_ROWS = 16
+# From this many rows a bfloat16 model's prefill dequantizes the weight to bfloat16 (what transformers runs on
+# the same weights) and runs oneDNN's bfloat16 GEMM, on AMX where the CPU has it: the dequantization costs
+# about what 256 rows of GEMM do, and from 512 rows this is faster than amx_quant_gemm, 4-5x at 4,096 (its
+# tiles reload the weights for every 32 rows), on this machine's AVX-512 + AMX Xeon.
+BFLOAT16_GEMM_MIN_ROWS = 512
 # A prefill's float32 panel of dequantized weights (256 features at K = 2048). Smaller panels cost more than the
 # dequantization: the GEMM packs x again for every panel (one thread, N = K = 2048, M = 512: 16-row panels 2x
 # slower than float32 nn.Linear, 2-8 MiB level with it).
@@ -168,6 +173,23 @@ def quant_linear_panels(x: Tensor, qweight: Tensor, scales: Tensor, group_size: 
     return y
 
 
+def dequantized_bfloat16(qweight: Tensor, scales: Tensor, group_size: int, offsets: Tensor | None,
+                         in_features: int) -> Tensor:
+    """The weight as the reference dequantizes it, rounded to bfloat16 (N, K): a panel of output features at a
+    time through a float32 buffer that stays in cache (the whole float32 weight went to memory and back, 4x
+    the time at 8192 x 2048)."""
+    out_features = qweight.shape[0]
+    weight = torch.empty(out_features, in_features, dtype=torch.bfloat16)
+    step = min(panel_rows(in_features), out_features)
+    buffer = torch.empty(step, in_features, dtype=torch.float32)
+    for n0 in range(0, out_features, step):
+        n1 = min(n0 + step, out_features)
+        panel = cpu_native.quant_dequantize(qweight[n0:n1], scales[n0:n1], group_size,
+                                            None if offsets is None else offsets[n0:n1], buffer[:n1 - n0])
+        weight[n0:n1].copy_(panel)
+    return weight
+
+
 def amx_runs(x: Tensor, qweight: Tensor, offsets: Tensor | None, group_size: int) -> bool:
     """A batch of a bfloat16 model's rows (a prefill) on AMX tiles (cpu_native.amx_quant_gemm): int8 or int4
     without offsets, K and the groups whole tiles of 32. Its products are exact (x and q are bfloat16 values), so
@@ -193,6 +215,9 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bi
     elif x.is_cpu and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
         if flat.shape[0] <= NATIVE_MAX_ROWS:
             y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets)
+        elif flat.dtype == torch.bfloat16 and flat.shape[0] >= BFLOAT16_GEMM_MIN_ROWS:
+            weight = dequantized_bfloat16(qweight, scales, group_size, offsets, flat.shape[1])
+            y = torch.nn.functional.linear(flat, weight, None if bias is None else bias.to(torch.bfloat16))
         elif amx_runs(flat, qweight, offsets, group_size):
             y = cpu_native.amx_quant_gemm(flat, qweight, scales, group_size, bias)
         else:

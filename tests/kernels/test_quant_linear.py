@@ -200,6 +200,28 @@ def test_a_prefill_runs_panel_by_panel(fmt, rows, offsets, monkeypatch):
 
 @native
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("offsets", [False, True])
+def test_a_long_bfloat16_prefill_runs_on_the_weight_dequantized_to_bfloat16(fmt, offsets, monkeypatch):
+    """From BFLOAT16_GEMM_MIN_ROWS rows a bfloat16 x meets the reference's weight rounded to bfloat16 (what
+    transformers runs on the same weights), dequantized panel by panel (here of 16 features, the last partial)."""
+    monkeypatch.setattr(quant_module, "PANEL_BYTES", 16 * 4 * 300)
+    generator = torch.Generator().manual_seed(11)
+    q, scales, shifts = random_format(fmt, 37, 300, 32, offsets, generator)
+    rows = quant_module.BFLOAT16_GEMM_MIN_ROWS
+    x, bias = torch.randn(rows, 300, generator=generator).to(torch.bfloat16), torch.randn(37, generator=generator)
+    weight = quant_module.dequantize(q, scales, 32, 300, shifts)
+    assert torch.equal(quant_module.dequantized_bfloat16(q, scales, 32, shifts, 300), weight.to(torch.bfloat16))
+    got = quant_linear(x, q, scales, 32, bias, shifts)
+    expected = torch.nn.functional.linear(x, weight.to(torch.bfloat16), bias.to(torch.bfloat16))
+    torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+    reference = quant_linear_ref(x, q, scales, 32, bias, shifts)  # float32 weights: bfloat16's rounding apart
+    torch.testing.assert_close(got.float(), reference, rtol=3e-2, atol=3e-2 * reference.abs().max().item())
+    fewer = quant_linear(x[:rows - 1], q, scales, 32, bias, shifts)  # one row fewer: the float32 sums
+    assert fewer.dtype == torch.float32
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_the_launcher_takes_the_native_kernel_for_every_format(fmt):
     """Bit for bit the native kernel's result (its summation order differs from the reference's)."""
     q, scales, shifts = random_format(fmt, 12, 300, 32, True, torch.Generator().manual_seed(3))
