@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -17,19 +17,25 @@ from runtime.kernels.metadata import AttentionMetadata, MambaPrefillMetadata
 
 @dataclass(frozen=True)
 class ForwardContext:
-    # Decode sequences come first in the packed batch, one token each; prefill chunks follow.
+    # Decode rows come first in the packed batch, one token each (a verify's positions are decode rows too, in
+    # waves: runtime/waves.py); prefill chunks follow.
     num_decodes: int
     num_prefill_tokens: int
     attention: AttentionMetadata | None
     block_tables: tuple[torch.Tensor, ...]  # per attention group: (S, max_blocks) int32 page ids
     slot_mappings: tuple[torch.Tensor, ...]  # per attention group: (T,) int64
     mamba_prefill: MambaPrefillMetadata | None
-    decode_state_indices: tuple[torch.Tensor, ...]  # per state group: (num_decodes,) int64 page ids
+    decode_state_indices: tuple[torch.Tensor, ...]  # per state group: (decode sequences,) int64 page ids
     prefill_state_indices: tuple[torch.Tensor, ...]  # per state group: (num_prefills,) int64 page ids
     generated_split: GeneratedSplit | None = None
     # With LoRA: (T,) int64, each token row's adapter slot (the pool's zero slot for the base model);
     # None when no row of the step has an adapter.
     lora_indices: torch.Tensor | None = None
+    # Sequences in each wave of the decode rows (runtime/waves.py); empty: one wave, a row per sequence.
+    decode_waves: tuple[int, ...] = ()
+    # Per state group: (sequences of wave 1, waves - 1) int64, where each sequence that goes on past wave i
+    # keeps its state after wave i (speculative decoding resumes from the last accepted draft's).
+    wave_snapshot_pages: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,25 @@ def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
 def current_lora_indices() -> torch.Tensor | None:
     """The step's LoRA slot per token row, or None (no adapter in the step, or outside a step)."""
     return None if _current is None else _current.lora_indices
+
+
+def update_in_waves(ctx: ForwardContext, group: int, states: tuple[torch.Tensor, ...],
+                    update: Callable[[slice, torch.Tensor], Any]) -> list[Any]:
+    """Run a state layer's decode `update(rows, state_page_ids)` over the step's decode rows, one wave after
+    another (runtime/waves.py), keeping each continuing sequence's `states` (the layer's views of the pool,
+    indexed by page id) after every wave but the last. Returns each wave's result, in order."""
+    pages = ctx.decode_state_indices[group]
+    waves = ctx.decode_waves or (ctx.num_decodes,)
+    results, row = [], 0
+    for i, n in enumerate(waves):
+        results.append(update(slice(row, row + n), pages[:n]))
+        row += n
+        if i + 1 < len(waves):
+            going_on = waves[i + 1]
+            kept = ctx.wave_snapshot_pages[group][:going_on, i]
+            for state in states:
+                state.index_copy_(0, kept, state.index_select(0, pages[:going_on]))
+    return results
 
 
 def get_forward_context() -> ForwardContext:

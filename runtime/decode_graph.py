@@ -8,6 +8,8 @@ tensors into one ordered program; the native kernels are torch operators (`tande
 are recorded as any other op. Later steps of B decodes write their token ids, positions, page ids and lengths
 into the same input tensors and replay the program: the ops that depend on the step, on the same tensors,
 nothing else. A graph belongs to the page pool it was recorded against: a runner with another pool drops it.
+A speculative verify step is decode rows too (runtime/waves.py): it is captured by its rows per sequence,
+with the pages that keep its states among the inputs and its logits gathered in sampling order.
 
 Which torch ops replay follows from the data: the step's inputs and the page pool are marked; an op that
 reads marked memory, or allocates, marks its outputs. A marked op replays; a view costs nothing; an op on
@@ -26,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Callable, Iterator
 
 import torch
@@ -35,6 +37,7 @@ from torch.utils._pytree import tree_flatten
 
 from runtime.context import ForwardContext, forward_context
 from runtime.kernels.metadata import AttentionMetadata
+from runtime.waves import decode_waves
 
 logger = logging.getLogger("tandem")
 
@@ -52,33 +55,41 @@ class NotCapturable(Exception):
 
 
 class DecodeGraph:
-    """One captured decode step of `batch_size` sequences, with the input tensors it reads."""
+    """One captured step of decode rows: `counts` rows per sequence, 1 for a decode and 1 + k for a verify of k
+    drafts (runtime/waves.py), with the input tensors it reads."""
 
-    def __init__(self, runner: Any, batch_size: int, lora: bool = False):
-        self.batch_size = batch_size
+    def __init__(self, runner: Any, counts: tuple[int, ...], lora: bool = False):
+        self.counts = counts
+        num_seqs, rows = len(counts), sum(counts)
+        waves = decode_waves(list(counts))
         layout, device = runner.layout, runner.device
         long = dict(dtype=torch.long, device=device)
-        self.input_ids = torch.zeros(batch_size, **long)
-        self.positions = torch.zeros(batch_size, **long)
+        self.input_ids = torch.zeros(rows, **long)
+        self.positions = torch.zeros(rows, **long)
         # Block tables as wide as the longest sequence's, so that their stride (which the kernels read) holds.
         max_len = runner.config.derived_max_model_len
         self.width = -(-max_len // layout.block_size) if layout.block_size else 0
-        self.block_tables = tuple(torch.zeros(batch_size, self.width, dtype=torch.int32, device=device)
+        self.block_tables = tuple(torch.zeros(rows, self.width, dtype=torch.int32, device=device)
                                   for _ in range(layout.num_attention_groups))
-        self.slot_mappings = tuple(torch.zeros(batch_size, **long) for _ in range(layout.num_attention_groups))
-        self.seq_lens = torch.ones(batch_size, dtype=torch.int32, device=device)
-        self.state_pages = tuple(torch.zeros(batch_size, **long) for _ in range(layout.num_state_groups))
+        self.slot_mappings = tuple(torch.zeros(rows, **long) for _ in range(layout.num_attention_groups))
+        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
+        self.state_pages = tuple(torch.zeros(num_seqs, **long) for _ in range(layout.num_state_groups))
+        verify = rows > num_seqs
+        self.snapshot_pages = tuple(torch.zeros(waves[1], len(waves) - 1, **long)
+                                    for _ in range(layout.num_state_groups)) if verify else ()
+        # A verify's logits go to sampling sequence by sequence, each sequence's rows in order.
+        self.logits_order = torch.arange(rows, **long) if verify else None
         attention = None
         if layout.block_size:
-            starts = torch.arange(batch_size + 1, dtype=torch.int32, device=device)
-            attention = AttentionMetadata(batch_size, starts, self.seq_lens, max_query_len=1,
-                                          max_seq_len=max_len)
+            starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
+            attention = AttentionMetadata(rows, starts, self.seq_lens, max_query_len=1, max_seq_len=max_len)
         # A step with LoRA adapters reads each row's slot; the slots' contents change in place as adapters swap.
-        self.lora_indices = torch.zeros(batch_size, **long) if lora else None
+        self.lora_indices = torch.zeros(rows, **long) if lora else None
         self.lora = runner.lora if lora else None
-        self.context = ForwardContext(batch_size, 0, attention, self.block_tables, self.slot_mappings, None,
-                                      self.state_pages, tuple(p[batch_size:] for p in self.state_pages),
-                                      lora_indices=self.lora_indices)
+        self.context = ForwardContext(rows, 0, attention, self.block_tables, self.slot_mappings, None,
+                                      self.state_pages, tuple(p[num_seqs:] for p in self.state_pages),
+                                      lora_indices=self.lora_indices, decode_waves=tuple(waves) if verify else (),
+                                      wave_snapshot_pages=self.snapshot_pages)
         self.program: list[Callable[[], None]] = []
         self.logits: torch.Tensor | None = None
         self.pool: torch.Tensor | None = None  # the page pool the program reads and writes
@@ -93,24 +104,34 @@ class DecodeGraph:
         self.positions.copy_(torch.tensor(plan.positions))
         if block_size:
             self.seq_lens.copy_(torch.tensor([p + 1 for p in plan.positions]))
+            row_seqs = plan.row_sequences()
             for table, slots, tables in zip(self.block_tables, self.slot_mappings, plan.block_tables):
-                rows = [row + [0] * (self.width - len(row)) for row in tables]
+                rows = [tables[s] + [0] * (self.width - len(tables[s])) for s in row_seqs]
                 table.copy_(torch.tensor(rows, dtype=torch.int32))
-                slots.copy_(torch.tensor([row[p // block_size] * block_size + p % block_size
-                                          for row, p in zip(tables, plan.positions)]))
+                slots.copy_(torch.tensor([tables[s][p // block_size] * block_size + p % block_size
+                                          for s, p in zip(row_seqs, plan.positions)]))
         for pages, group in zip(self.state_pages, plan.state_pages):
             pages.copy_(torch.tensor(group))
+        for pages, group in zip(self.snapshot_pages, plan.wave_snapshot_pages):
+            pages.copy_(torch.tensor(group))
+        if self.logits_order is not None:
+            self.logits_order.copy_(torch.tensor(plan.logits_indices))
         if self.lora is not None:
-            self.lora_indices.copy_(self.lora.indices(plan.loras, plan.counts, self.lora_indices.device))
+            row_loras = [plan.loras[s] for s in plan.row_sequences()]
+            self.lora_indices.copy_(self.lora.indices(row_loras, [1] * len(row_loras), self.lora_indices.device))
 
     def capture(self, model: torch.nn.Module, pool: torch.Tensor) -> tuple[torch.Tensor, str | None]:
         """Run the step (filled first) while recording it; returns its logits, and why a replay could not
         repeat it (None when it can: the graph is ready). The step itself is right either way."""
         marked = [self.input_ids, self.positions, *self.block_tables, *self.slot_mappings, self.seq_lens,
-                  *self.state_pages, pool, *([self.lora_indices] if self.lora is not None else [])]
+                  *self.state_pages, *self.snapshot_pages, pool,
+                  *([self.lora_indices] if self.lora is not None else []),
+                  *([self.logits_order] if self.logits_order is not None else [])]
         recorder = _Recorder(self.program, self._held, marked)
         with forward_context(self.context), recorder, recorder.watching_python():
             hidden = model(self.input_ids, self.positions)
+            if self.logits_order is not None:
+                hidden = hidden.index_select(0, self.logits_order)
             logits = model.compute_logits(hidden)
         if recorder.failure is not None:
             self.program.clear()
@@ -126,25 +147,29 @@ class DecodeGraph:
 
 
 class DecodeGraphs:
-    """The runner's captured decode steps, by batch size; None from `run` where a step must run eagerly."""
+    """The runner's captured steps of decode rows (decodes, and verifies of drafts), by their rows per sequence;
+    None from `run` where a step must run eagerly."""
 
     def __init__(self, runner: Any):
         self.runner = runner
-        self.graphs: OrderedDict[int, DecodeGraph] = OrderedDict()
-        self.seen: set[int] = set()  # batch sizes run eagerly once
-        self.disabled = False
+        self.graphs: OrderedDict[Any, DecodeGraph] = OrderedDict()
+        self.seen: set[Any] = set()  # shapes run eagerly once
+        self.disabled: set[bool] = set()  # verify (True) and decode (False) steps that failed to capture
+        self.replays: Counter = Counter()  # steps replayed, by graph
 
     def run(self, plan: Any) -> torch.Tensor | None:
-        # A graph returns every row's logits: a one-token step that samples nothing (a chunk cut one token
-        # before the sequence's end, as after a rejected draft) runs eagerly.
+        # A graph returns every row's logits: a step that samples fewer (a chunk cut one token before the
+        # sequence's end) runs eagerly.
         decode_only = (plan.num_decodes == len(plan.counts) and not plan.prompt_rows
-                       and len(plan.logits_indices) == len(plan.counts))
-        if self.disabled or not decode_only:
+                       and len(plan.logits_indices) == len(plan.input_ids))
+        verify = len(plan.input_ids) > len(plan.counts)
+        if verify in self.disabled or not decode_only:
             return None
         if any(graph.pool is not self.runner.pool for graph in self.graphs.values()):
             self.graphs.clear()  # recorded against a pool the runner no longer has
-        size = len(plan.counts)
-        key = ("lora", size) if plan.loras else size  # a step with adapters is a graph of its own
+        counts = tuple(plan.counts)
+        shape = counts if verify else len(counts)  # a decode step's batch size; a verify's rows per sequence
+        key = ("lora", shape) if plan.loras else shape  # a step with adapters is a graph of its own
         graph = self.graphs.get(key)
         if graph is not None and not graph.fits(plan):
             return None
@@ -152,18 +177,19 @@ class DecodeGraphs:
         if graph is not None:
             self.graphs.move_to_end(key)
             graph.fill(plan, block_size)
+            self.replays[key] += 1
             return graph.replay()
         if key not in self.seen:
             self.seen.add(key)
             return None
-        graph = DecodeGraph(self.runner, size, lora=bool(plan.loras))
+        graph = DecodeGraph(self.runner, counts, lora=bool(plan.loras))
         if not graph.fits(plan):
             return None
         graph.fill(plan, block_size)
         logits, failure = graph.capture(self.runner.model, self.runner.pool)
         if failure is not None:
-            logger.info("decode steps run eagerly: %s", failure)
-            self.disabled = True
+            logger.info("%s steps run eagerly: %s", "verify" if verify else "decode", failure)
+            self.disabled.add(verify)
             return logits
         self.graphs[key] = graph
         if len(self.graphs) > MAX_GRAPHS:

@@ -141,7 +141,7 @@ def build_report(config: EngineConfig, memory: int | None, max_model_len: int | 
         report["stages"] = stages_report(config)
     report["weight_bytes"] = weights_report(config, memory)
     if memory is not None:
-        # A sequence that verifies drafts also holds its state checkpoints while the step runs.
+        # A sequence that verifies drafts also holds the states its verify keeps while the step runs.
         spare = report.get("speculative", {}).get("checkpoint_page_ids_per_sequence", 0)
         per_sequence = layout.pages_per_sequence(max_model_len) + spare
         report["fit"] = {"memory_bytes": memory, "max_model_len": max_model_len,

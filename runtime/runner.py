@@ -26,6 +26,7 @@ from runtime.lora.manager import LoRAManager
 from runtime.options import plural, spell
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
+from runtime.waves import decode_waves, row_sequences, wave_rows
 
 logger = logging.getLogger("tandem")
 
@@ -35,8 +36,11 @@ COMPILE_MIN_STATE_BYTES = 256 * 1024
 
 
 def checkpoint_pages(config: EngineConfig) -> int:
-    """Page ids a sequence's verify step borrows for its state checkpoints: one per state group."""
-    return config.cache.num_state_groups if config.speculative is not None else 0
+    """Page ids a sequence's verify step borrows to keep its states after each draft: one per state group per
+    draft (runtime/waves.py)."""
+    if config.speculative is None:
+        return 0
+    return config.cache.num_state_groups * config.speculative.num_speculative_tokens
 
 
 def compile_pays(layout: CacheLayout) -> bool:
@@ -138,14 +142,17 @@ class ModelRunner:
         return max(1, min(by_memory, useful))
 
     def _check_checkpoint_room(self) -> None:
-        """Refuse, at start-up, a pool that cannot hold a sequence and the state checkpoints of its verify step."""
-        spare, needed = checkpoint_pages(self.config), self.layout.pages_per_sequence(1)
-        if spare and self.num_pages < needed + spare:
-            raise ValueError(
-                f"the page pool ({plural(self.num_pages, 'page')}) cannot hold a sequence ({plural(needed, 'page')} "
-                f"at least) and the state checkpoints speculative decoding takes while it verifies drafts "
-                f"({plural(spare, 'page')}, one per state group): raise {spell('kv_cache_memory')} or "
-                f"{spell('num_pages')}")
+        """Refuse, at start-up, a pool that cannot hold a sequence and the state its verify keeps after one draft
+        (a verify drafts as many tokens as the free pages keep states for: Speculator.checkpoint)."""
+        groups, needed = self.layout.num_state_groups, self.layout.pages_per_sequence(1)
+        if self.config.speculative is None or not groups or self.num_pages >= needed + groups:
+            return
+        k = self.config.speculative.num_speculative_tokens
+        raise ValueError(
+            f"the page pool ({plural(self.num_pages, 'page')}) cannot hold a sequence ({plural(needed, 'page')} "
+            f"at least) and the state speculative decoding keeps after a draft while it verifies "
+            f"({plural(groups, 'page')}, one per state group; {k} drafts keep {k * groups}): raise "
+            f"{spell('kv_cache_memory')} or {spell('num_pages')}")
 
     def _allocate_pool(self, num_pages: int) -> torch.Tensor:
         if self.stage_model is not None:
@@ -203,7 +210,7 @@ class ModelRunner:
         with forward_context(step.context):
             hidden = self.model(step.input_ids, step.positions)
         if self.keeps_hidden:  # every row's final hidden state, for the MTP head (runtime/spec_decode/mtp.py)
-            self.last_hidden = hidden
+            self.last_hidden = in_sequence_order(hidden, plan)
         rows = [step.logits_indices] + [torch.arange(row, row + n, device=self.device)
                                         for _, row, n in plan.prompt_rows]
         return self.model.compute_logits(hidden[torch.cat(rows)])
@@ -211,12 +218,20 @@ class ModelRunner:
     def _context(self, plan: StepPlan) -> ForwardContext:
         layout, device = self.layout, self.device
         counts, starts, num_decodes = plan.counts, plan.starts, plan.num_decodes
+        decode_counts = counts[:num_decodes]
+        decode_rows = sum(decode_counts)
+        # Attention sees each decode row (a verify's positions included) as a sequence of its own.
+        row_seqs = plan.row_sequences()
+        attention_seqs = row_seqs[:decode_rows] + list(range(num_decodes, len(counts)))
         attention, block_tables, slot_mappings = None, (), ()
         if layout.block_size:
-            seq_lens = [start + n for start, n in zip(starts, counts)]
-            attention = build_attention_metadata(counts, seq_lens, device)
-            block_tables = tuple(self._block_table(tables) for tables in plan.block_tables)
-            slot_mappings = tuple(self._slot_mapping(tables, starts, counts) for tables in plan.block_tables)
+            query_lens = [1] * decode_rows + counts[num_decodes:]
+            seq_lens = ([p + 1 for p in plan.positions[:decode_rows]]
+                        + [start + n for start, n in zip(starts[num_decodes:], counts[num_decodes:])])
+            attention = build_attention_metadata(query_lens, seq_lens, device)
+            block_tables = tuple(self._block_table([tables[s] for s in attention_seqs]) for tables in plan.block_tables)
+            slot_mappings = tuple(self._slot_mapping([tables[s] for s in row_seqs], plan.positions)
+                                  for tables in plan.block_tables)
         mamba_prefill, decode_idx, prefill_idx = None, (), ()
         if layout.mamba is not None:
             if num_decodes < len(counts):
@@ -226,10 +241,14 @@ class ModelRunner:
             decode_idx = tuple(p[:num_decodes] for p in pages)
             prefill_idx = tuple(p[num_decodes:] for p in pages)
         split = self._generated_split(plan) if mamba_prefill is not None and plan.num_generated else None
-        lora_indices = self.lora.indices(plan.loras, counts, device) if self.lora is not None and plan.loras else None
-        return ForwardContext(num_decodes, len(plan.input_ids) - num_decodes, attention, block_tables,
+        lora_indices = None
+        if self.lora is not None and plan.loras:
+            lora_indices = self.lora.indices([plan.loras[s] for s in row_seqs], [1] * len(row_seqs), device)
+        waves = tuple(decode_waves(decode_counts)) if decode_rows > num_decodes else ()
+        snapshots = tuple(torch.tensor(group, dtype=torch.long, device=device) for group in plan.wave_snapshot_pages)
+        return ForwardContext(decode_rows, len(plan.input_ids) - decode_rows, attention, block_tables,
                               slot_mappings, mamba_prefill, decode_idx, prefill_idx, generated_split=split,
-                              lora_indices=lora_indices)
+                              lora_indices=lora_indices, decode_waves=waves, wave_snapshot_pages=snapshots)
 
     def _generated_split(self, plan: StepPlan) -> GeneratedSplit:
         counts, starts, first = plan.counts, plan.starts, len(plan.counts) - plan.num_generated
@@ -245,13 +264,10 @@ class ModelRunner:
         rows = [table + [0] * (width - len(table)) for table in tables]
         return torch.tensor(rows, dtype=torch.int32, device=self.device)
 
-    def _slot_mapping(self, tables: list[list[int]], starts: list[int], counts: list[int]) -> torch.Tensor:
+    def _slot_mapping(self, tables: list[list[int]], positions: list[int]) -> torch.Tensor:
+        """Each row's slot: `tables` holds the block table of each row's sequence."""
         size = self.layout.block_size
-        slots = [
-            table[p // size] * size + p % size
-            for table, start, n in zip(tables, starts, counts)
-            for p in range(start, start + n)
-        ]
+        slots = [table[p // size] * size + p % size for table, p in zip(tables, positions)]
         return torch.tensor(slots, dtype=torch.long, device=self.device)
 
 
@@ -262,9 +278,9 @@ class StepPlan:
     input_ids: list[int]
     positions: list[int]
     logits_indices: list[int]
-    counts: list[int]  # new tokens per sequence, decodes first
+    counts: list[int]  # new tokens per sequence: decodes first (verifies among them, the longest first)
     starts: list[int]  # tokens already computed per sequence
-    num_decodes: int
+    num_decodes: int  # the decode section's sequences; their rows, in waves (runtime/waves.py), come first
     block_tables: list[list[list[int]]]  # per attention group, per sequence: page ids
     state_pages: list[list[int]]  # per state group, per sequence: the state page id
     # (first position, first row in input_ids, count) of the prompt positions whose logits
@@ -272,14 +288,35 @@ class StepPlan:
     prompt_rows: list[tuple[int, int, int]]
     num_generated: int = 0  # the last prefill sequences, whose chunks hold generated tokens only
     loras: list = field(default_factory=list)  # per sequence: its LoRARequest or None (empty: no adapter at all)
+    # Per state group, per verifying sequence: the pages that keep its state after each wave (runtime/waves.py).
+    wave_snapshot_pages: list[list[list[int]]] = field(default_factory=list)
     # Pipeline parallelism: the last stage picks the greedy tokens and sends their ids, not the logits
     # (set by rank 0 only where that is exact: runtime.distributed.pipeline.greedy_ids_suffice).
     greedy_ids: bool = False
 
+    def row_sequences(self) -> list[int]:
+        """The sequence (index into counts) of every row: the decode section's in waves, then each chunk's."""
+        prefill = [s for s, n in enumerate(self.counts[self.num_decodes:], self.num_decodes) for _ in range(n)]
+        return row_sequences(self.counts[:self.num_decodes]) + prefill
+
+    def sequence_major_rows(self) -> list[int] | None:
+        """The rows in sequence order (each sequence's positions in order), or None where that is row order."""
+        decode_counts = self.counts[:self.num_decodes]
+        if sum(decode_counts) == self.num_decodes:
+            return None
+        decode = [r for rows in wave_rows(decode_counts) for r in rows]
+        return decode + list(range(len(decode), len(self.input_ids)))
+
 
 def plan_order(batch: Batch) -> list[int]:
-    """The indices of `batch.seqs` in the order a step's plan packs their rows (before the step changes them)."""
-    return sorted(range(len(batch.seqs)), key=lambda i: _kind(batch.seqs[i], batch.num_new_tokens[i]))
+    """The indices of `batch.seqs` in the order a step's plan packs their rows (before the step changes them):
+    decodes first, the longest verify first (runtime/waves.py), then prompt chunks, then generated ones."""
+    def key(i: int) -> tuple[int, int]:
+        seq, n = batch.seqs[i], batch.num_new_tokens[i]
+        kind = _kind(seq, n)
+        return kind, -n if kind == DECODE else 0
+
+    return sorted(range(len(batch.seqs)), key=key)
 
 
 def plan_step(batch: Batch, num_attention_groups: int,
@@ -293,26 +330,55 @@ def plan_step(batch: Batch, num_attention_groups: int,
     num_decodes = sum(_is_decode(seq, n) for seq, n in zip(seqs, counts))
     num_generated = sum(_kind(seq, n) == GENERATED for seq, n in zip(seqs, counts))
     input_ids, positions, logits_indices, sample_seqs, prompt_rows, prompt_seqs = [], [], [], [], [], []
-    for seq, start, n in zip(seqs, starts, counts):
+    # The decode section, wave by wave; each sequence's rows (its last token, then its drafts) sampled in order.
+    for i, n in enumerate(decode_waves(counts[:num_decodes])):
+        input_ids.extend(_token_at(seq, start + i) for seq, start in zip(seqs[:n], starts[:n]))
+        positions.extend(start + i for start in starts[:n])
+    for seq, start, rows in zip(seqs, starts, wave_rows(counts[:num_decodes])):
+        if start + len(rows) >= seq.num_tokens:  # not a generated token recomputed after preemption
+            logits_indices.extend(rows)
+            sample_seqs.append(seq)
+    for seq, start, n in zip(seqs[num_decodes:], starts[num_decodes:], counts[num_decodes:]):
         # Positions before the prompt's last one each predict a prompt token.
         num_prompt = min(start + n, len(seq.prompt_token_ids) - 1) - start
         if seq.params.prompt_logprobs is not None and num_prompt > 0:
             prompt_rows.append((start, len(input_ids), num_prompt))
             prompt_seqs.append(seq)
-        # A chunk that runs past the sequence's tokens verifies its drafts (speculative decoding): the
-        # last token and each draft get a row of logits, in order.
-        num_drafts = max(0, start + n - seq.num_tokens)
-        input_ids.extend(seq.token_ids[start : start + n - num_drafts] + seq.spec_token_ids[:num_drafts])
+        input_ids.extend(_token_at(seq, p) for p in range(start, start + n))
         positions.extend(range(start, start + n))
         if start + n >= seq.num_tokens:
-            logits_indices.extend(range(len(input_ids) - 1 - num_drafts, len(input_ids)))
+            logits_indices.append(len(input_ids) - 1)
             sample_seqs.append(seq)
     block_tables = [[list(seq.block_tables[g]) for seq in seqs] for g in range(num_attention_groups)]
     state_pages = [[seq.state_pages[g] for seq in seqs] for g in range(num_state_groups)]
     loras = [seq.lora_request for seq in seqs] if any(seq.lora_request for seq in seqs) else []
     plan = StepPlan(input_ids, positions, logits_indices, counts, starts, num_decodes, block_tables, state_pages,
-                    prompt_rows, num_generated, loras)
+                    prompt_rows, num_generated, loras, wave_snapshot_pages=_wave_snapshot_pages(
+                        seqs[:num_decodes], counts[:num_decodes], num_state_groups))
     return plan, sample_seqs, prompt_seqs
+
+
+def _token_at(seq: Sequence, position: int) -> int:
+    """The sequence's token at `position`; past its tokens, the draft there (a verify step's)."""
+    tokens = seq.num_tokens
+    return seq.token_ids[position] if position < tokens else seq.spec_token_ids[position - tokens]
+
+
+def _wave_snapshot_pages(seqs: list[Sequence], counts: list[int], num_state_groups: int) -> list[list[list[int]]]:
+    """Per state group, per sequence that verifies drafts, the page that keeps its state after each wave but
+    its last (Speculator.checkpoint borrowed them: one per state group per draft, wave-major)."""
+    verifying = [(seq, n) for seq, n in zip(seqs, counts) if n > 1]
+    if not verifying or not num_state_groups:
+        return []
+    width = verifying[0][1] - 1
+    return [[[seq.checkpoint_pages[i * num_state_groups + g] for i in range(n - 1)] + [0] * (width - n + 1)
+             for seq, n in verifying] for g in range(num_state_groups)]
+
+
+def in_sequence_order(hidden: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+    """A step's rows with each sequence's positions together, in order (the decode section is in waves)."""
+    order = plan.sequence_major_rows()
+    return hidden if order is None else hidden[torch.tensor(order, device=hidden.device)]
 
 
 def split_logits(logits: torch.Tensor, plan: StepPlan, sample_seqs: list[Sequence],
@@ -332,14 +398,18 @@ def _kind(seq: Sequence, num_new_tokens: int) -> int:
     """Decodes first, then prompt chunks, then chunks of generated tokens only (speculative verifies)."""
     if _is_decode(seq, num_new_tokens):
         return DECODE
-    # Only a sequence that speculates (drafts, or their replay) computes generated tokens as decode does; a
-    # plain recompute after preemption is a prefill, as transformers' forward over the whole sequence is.
-    speculates = bool(seq.spec_token_ids) or seq.spec_counters is not None
-    return GENERATED if speculates and seq.num_computed_tokens >= len(seq.prompt_token_ids) else PROMPT
+    # Only in an engine that speculates are generated tokens computed again as decoding computed them (its
+    # verifies decode); a plain recompute after preemption is a prefill, as transformers' forward over the
+    # whole sequence is.
+    return GENERATED if seq.speculates and seq.num_computed_tokens >= len(seq.prompt_token_ids) else PROMPT
 
 
 def _is_decode(seq: Sequence, num_new_tokens: int) -> bool:
-    # A one-token step of a generated token is a state update. A prompt token is scanned even alone (the last
-    # token of a chunked prompt, say): transformers scans a prompt, and some mixers' scans and decode steps
-    # differ (Nemotron-H's and Zamba2's scans clamp dt, their decode steps do not: runtime.context.GeneratedSplit).
-    return num_new_tokens == 1 and seq.num_computed_tokens >= len(seq.prompt_token_ids)
+    # A one-token step of a generated token is a state update, and so is each position of a verify (the last
+    # token and its drafts: runtime/waves.py). A prompt token is scanned even alone (the last token of a
+    # chunked prompt, say): transformers scans a prompt, and some mixers' scans and decode steps differ
+    # (Nemotron-H's and Zamba2's scans clamp dt, their decode steps do not: runtime.context.GeneratedSplit).
+    if seq.num_computed_tokens < len(seq.prompt_token_ids):
+        return False
+    verifies = seq.num_computed_tokens + 1 == seq.num_tokens and num_new_tokens == 1 + len(seq.spec_token_ids)
+    return num_new_tokens == 1 or verifies

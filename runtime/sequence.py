@@ -52,10 +52,13 @@ class Sequence:
     # With params.structured_outputs: the GrammarState that says which tokens may come next.
     grammar: Any = None
     # Speculative decoding: the tokens proposed for this step (not yet part of token_ids), and the pages
-    # that hold its state as it was before the step verified them (runtime/spec_decode/speculator.py).
+    # that keep its state after each of the step's positions but the last (runtime/spec_decode/speculator.py).
     spec_token_ids: list[int] = field(default_factory=list)
     checkpoint_pages: list[int] = field(default_factory=list)
     spec_counters: Any = None  # runtime.spec_decode.verify.SpecCounters, once the request verified drafts
+    # In an engine that speculates: its generated tokens, recomputed after preemption, are computed as decoding
+    # computed them (runtime.runner._kind), as the verifies that may have computed them did.
+    speculates: bool = False
     # (steps left without proposals, the next such pause): drafts that keep failing pause (Speculator.settle).
     spec_backoff: tuple[int, int] = (0, 0)
     # The request's LoRARequest, or None for the base model.

@@ -353,6 +353,8 @@ def receive_logits(runner: Any, plan: Any) -> torch.Tensor:
         stage = runner.stage_model
         hidden = torch.empty(len(plan.input_ids), stage.hidden_size, dtype=stage.boundary_dtype, device=runner.device)
         state.recv(hidden, place.logits_rank)
+        order = plan.sequence_major_rows()  # each sequence's rows together, as the MTP head reads them
+        hidden = hidden if order is None else hidden[torch.tensor(order, device=runner.device)]
         runner.last_hidden = hidden.to(DTYPES[runner.config.model_dtype])
     return logits
 

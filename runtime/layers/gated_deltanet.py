@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime import kernels
-from runtime.context import get_forward_context
+from runtime.context import get_forward_context, update_in_waves
 
 
 class HeadRMSNormGated(nn.Module):
@@ -105,8 +105,10 @@ class GatedDeltaNet(nn.Module):
         nd, weight = ctx.num_decodes, self.conv_weight()
         out = torch.empty_like(qkv)
         if nd:
-            out[:nd] = kernels.causal_conv1d_update(qkv[:nd], weight, None, self.conv_states,
-                                                    ctx.decode_state_indices[self.group])
+            def update(rows: slice, pages: torch.Tensor) -> None:
+                out[rows] = kernels.causal_conv1d_update(qkv[rows], weight, None, self.conv_states, pages)
+
+            update_in_waves(ctx, self.group, (self.conv_states,), update)
         if ctx.num_prefill_tokens:
             out[nd:] = kernels.causal_conv1d_fn(qkv[nd:], weight, None, self.conv_states,
                                                 ctx.prefill_state_indices[self.group], ctx.mamba_prefill)
@@ -117,10 +119,11 @@ class GatedDeltaNet(nn.Module):
         nd = ctx.num_decodes
         y = torch.empty_like(v)
         if nd:
-            y[:nd] = kernels.gated_delta_rule_update(
-                q[:nd], k[:nd], v[:nd], a[:nd], b[:nd], self.A_log, self.dt_bias, self.recurrent_states,
-                ctx.decode_state_indices[self.group], self.beta_scale,
-            )
+            def update(rows: slice, pages: torch.Tensor) -> None:
+                y[rows] = kernels.gated_delta_rule_update(q[rows], k[rows], v[rows], a[rows], b[rows], self.A_log,
+                                                          self.dt_bias, self.recurrent_states, pages, self.beta_scale)
+
+            update_in_waves(ctx, self.group, (self.recurrent_states,), update)
         if ctx.num_prefill_tokens:
             y[nd:] = kernels.gated_delta_rule_fn(
                 q[nd:], k[nd:], v[nd:], a[nd:], b[nd:], self.A_log, self.dt_bias, self.recurrent_states,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from runtime import kernels
-from runtime.context import get_forward_context
+from runtime.context import get_forward_context, update_in_waves
 
 
 class ShortConv(nn.Module):
@@ -38,8 +38,10 @@ class ShortConv(nn.Module):
         nd, weight, bias = ctx.num_decodes, self.conv.weight.squeeze(1), self.conv.bias
         y = bcx.new_empty(bcx.shape[0], self.hidden_size)
         if nd:
-            y[:nd] = kernels.short_conv_update(bcx[:nd], weight, bias, self.conv_states,
-                                               ctx.decode_state_indices[self.group])
+            def update(rows: slice, pages: torch.Tensor) -> None:
+                y[rows] = kernels.short_conv_update(bcx[rows], weight, bias, self.conv_states, pages)
+
+            update_in_waves(ctx, self.group, (self.conv_states,), update)
         if ctx.num_prefill_tokens:
             y[nd:] = kernels.short_conv_fn(bcx[nd:], weight, bias, self.conv_states,
                                            ctx.prefill_state_indices[self.group], ctx.mamba_prefill)

@@ -32,7 +32,6 @@ from runtime.runner import ModelRunner, resolve_device
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Batch
 from runtime.sequence import Sequence
-from runtime.spec_decode.verify import SpecCounters
 
 logger = logging.getLogger("tandem")
 
@@ -202,8 +201,8 @@ def _argmax(logits: torch.Tensor, allowed: tuple[int, ...] | None) -> int:
 
 def _shadow_seq(seq: Sequence) -> Sequence:
     shadow = Sequence(seq.request_id, list(seq.prompt_token_ids), SamplingParams())
-    # The draft computes generated tokens as the model's verifies and replays do (runner._kind).
-    shadow.spec_counters = SpecCounters()
+    # The draft computes generated tokens as the model recomputes them after preemption (runner._kind).
+    shadow.speculates = True
     return shadow
 
 

@@ -1,4 +1,4 @@
-"""What `tandem plan --speculative-config` adds to a plan: the verify step, the state checkpoints, and what the
+"""What `tandem plan --speculative-config` adds to a plan: the verify step, the states it keeps, and what the
 proposer holds besides the model: prompt lookup nothing, a draft model its weights and a page pool of its own,
 an MTP head its weights and its own attention K/V (docs/features/speculative_decoding.md).
 
@@ -22,7 +22,8 @@ MTP_DEDICATED_EMBEDDING_KEY = "mtp_use_dedicated_embeddings"
 def speculative_report(config: Any, memory: int | None = None) -> dict[str, Any]:
     """What a verify step computes, which pages its rollback needs, and what the proposer holds."""
     spec, layout = config.speculative, config.cache
-    groups = layout.num_state_groups
+    # The state after each draft position, one page id per state group per draft (runtime/waves.py).
+    groups = layout.num_state_groups * spec.num_speculative_tokens
     report: dict[str, Any] = {
         "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
         "verify_positions": spec.num_speculative_tokens + 1,
@@ -126,11 +127,12 @@ def format_speculative(p: dict[str, Any]) -> list[str]:
     lines = [f"speculative    {p['method']}: {plural(p['num_speculative_tokens'], 'draft token')} per step "
              f"({source}), verified as {p['verify_positions']} positions in one step"]
     if p["checkpoint_page_ids_per_sequence"]:
-        lines.append(f"  checkpoint   {plural(p['checkpoint_page_ids_per_sequence'], 'page id')} = "
-                     f"{_bytes(p['checkpoint_bytes_per_sequence'])} per verifying sequence (one per state group), "
-                     "borrowed from free pages for the step: a rejected draft restores the state from it")
+        lines.append(f"  kept states  {plural(p['checkpoint_page_ids_per_sequence'], 'page id')} = "
+                     f"{_bytes(p['checkpoint_bytes_per_sequence'])} per verifying sequence (one per state group per "
+                     "draft), borrowed from free pages for the step: the state after each draft position, copied "
+                     "back after a rejected draft")
     else:
-        lines.append("  checkpoint   none: attention alone, a rejected draft's KV is dropped by length")
+        lines.append("  kept states  none: attention alone, a rejected draft's KV is dropped by length")
     if draft is not None:
         lines.extend(_format_draft_pool(draft, _bytes))
     if head is not None:

@@ -1,15 +1,14 @@
-"""The engine's side of speculative decoding, per step: propose, checkpoint, settle. Pure Python.
+"""The engine's side of speculative decoding, per step: propose, borrow snapshot pages, settle. Pure Python.
 
-Rollback is checkpoint-and-replay. Attention needs nothing: a rejected draft's K and V sit past the
-sequence's computed length and are overwritten by the tokens that follow. A state layer (Mamba-1, Mamba-2,
-Gated DeltaNet, short conv, the state half of a parallel or shared-attention hybrid) has folded every
-verified position into its one state, so before a verify step each drafted sequence's state pages are
-copied into checkpoint pages (one page id per state group per sequence, borrowed from the free pages for
-the step; the pool must hold them besides a sequence, which start-up checks). When all
-drafts hold, the state after the step is the state after them and nothing else happens. When one is
-rejected, the checkpoint is copied back and the sequence's computed length returns to where the step
-began: the next step recomputes the accepted tokens from that state, together with its new drafts (the
-replay shares the next forward pass, so it costs tokens in a step, not a step).
+Attention needs no rollback: a rejected draft's K and V sit past the sequence's computed length and are
+overwritten by the tokens that follow. A state layer (Mamba-1, Mamba-2, Gated DeltaNet, short conv, the
+state half of a parallel or shared-attention hybrid) folds each position into its one state, so a verify
+step computes a sequence's last token and its k drafts position by position, as decoding would
+(runtime/waves.py), and keeps the state after each of the first k positions in a page of its own (one page
+id per state group per draft, borrowed from the free pages for the step; the pool must hold them besides a
+sequence, which start-up checks). When all drafts hold, the sequence's state pages hold the state after
+them; when draft j + 1 is rejected, the state kept after position j is copied back. Either way the
+accepted tokens are computed: nothing is replayed.
 """
 
 from __future__ import annotations
@@ -24,12 +23,10 @@ from runtime.spec_decode.config import SpeculativeConfig
 from runtime.spec_decode.verify import SpecCounters, num_accepted
 
 
-# A verify step runs the prefill path (and, for a captured engine, eagerly), and a rejection replays the
-# accepted tokens: on the shipped model a failed verify of 16 drafts and its replay cost about 10 captured
-# decode steps (bench/speculative.py). So a request whose verify keeps fewer than half its drafts stops
-# proposing for 4, 8, 16, ... MAX_PAUSE steps, and from then on proposes only on a match of
-# prompt_lookup_max tokens (a short match that failed was likely a coincidence), until a verify keeps all
-# its drafts. This changes which steps verify, never the tokens.
+# A verify step costs more than the decode it replaces (bench/speculative.py). So a request whose verify
+# keeps fewer than half its drafts stops proposing for 4, 8, 16, ... MAX_PAUSE steps, and from then on
+# proposes only on a match of prompt_lookup_max tokens (a short match that failed was likely a
+# coincidence), until a verify keeps all its drafts. This changes which steps verify, never the tokens.
 FIRST_PAUSE, MAX_PAUSE = 4, 64
 
 
@@ -54,6 +51,8 @@ class Speculator:
     # Before scheduling --------------------------------------------------------------------------
 
     def propose(self, running: list[Sequence]) -> None:
+        for seq in running:
+            seq.speculates = True
         rooms = [self._room(seq) for seq in running]
         if self.drafter is not None:
             for seq, drafts in zip(running, self.drafter.propose(running, rooms)):
@@ -71,7 +70,10 @@ class Speculator:
     def _room(self, seq: Sequence) -> int:
         """How many drafts `seq` may have this step (0: none)."""
         # A grammar would have to accept each draft before it is scored; such requests decode one at a time.
-        if seq.grammar is not None or seq.num_computed_tokens < len(seq.prompt_token_ids):
+        # Drafts follow the last token only: a sequence still computing earlier ones (recomputed after
+        # preemption) proposes once it has caught up.
+        catching_up = seq.num_computed_tokens + 1 < seq.num_tokens
+        if seq.grammar is not None or catching_up or seq.num_computed_tokens < len(seq.prompt_token_ids):
             return 0
         left, pause = seq.spec_backoff
         if left:
@@ -89,22 +91,21 @@ class Speculator:
     # After scheduling ---------------------------------------------------------------------------
 
     def checkpoint(self, batch: Batch, cache: CacheManager) -> list[tuple[int, int]]:
-        """Keep the drafts the budget left room for; the page copies that checkpoint drafted states, into
-        pages borrowed for the step. A sequence that finds no free pages for them verifies no drafts."""
-        copies = []
+        """Keep the drafts the budget left room for, and borrow for the step the pages that keep a drafted
+        sequence's state after each of its positions but the last (one per state group per draft, wave-major:
+        runtime.runner.plan_step reads them). Drafts the free pages cannot cover are dropped. Returns the page
+        copies to run before the step: none (the states are kept during the forward pass)."""
+        groups = self.num_state_groups
         for i, seq in enumerate(batch.seqs):
             n = batch.num_new_tokens[i]
             seq.spec_token_ids = seq.spec_token_ids[:max(0, seq.num_computed_tokens + n - seq.num_tokens)]
-            if not seq.spec_token_ids or not self.num_state_groups:
+            if not seq.spec_token_ids or not groups:
                 continue
-            pages = cache.borrow(self.num_state_groups)
-            if pages is None:
-                batch.num_new_tokens[i] -= len(seq.spec_token_ids)
-                seq.spec_token_ids = []
-                continue
-            seq.checkpoint_pages = pages
-            copies.extend(zip(seq.state_pages, pages))
-        return copies
+            room = min(len(seq.spec_token_ids), cache.num_free_pages // groups)
+            batch.num_new_tokens[i] -= len(seq.spec_token_ids) - room
+            seq.spec_token_ids = seq.spec_token_ids[:room]
+            seq.checkpoint_pages = cache.borrow(room * groups) if room else []
+        return []
 
     # After the forward pass ---------------------------------------------------------------------
 
@@ -133,13 +134,11 @@ class Speculator:
                 seq.spec_counters = SpecCounters()
             seq.spec_counters.observe(len(drafts), accepted)
             keep.append(accepted + 1)
-            if self.num_state_groups and accepted < len(drafts):
-                batch.num_new_tokens[i] = 0  # back to the checkpoint: the next step replays from it
-                restores.extend(zip(seq.checkpoint_pages, seq.state_pages))
-                self._extra[seq.request_id] = 0
-            else:
-                batch.num_new_tokens[i] -= len(drafts)  # the drafts count once they are tokens
-                self._extra[seq.request_id] = accepted
+            if self.num_state_groups and accepted < len(drafts):  # the state after the last accepted position
+                groups = self.num_state_groups
+                restores.extend(zip(seq.checkpoint_pages[accepted * groups:(accepted + 1) * groups], seq.state_pages))
+            batch.num_new_tokens[i] -= len(drafts)  # the accepted drafts count once they are tokens
+            self._extra[seq.request_id] = accepted
         return keep, restores
 
     def release(self, batch: Batch, cache: CacheManager) -> None:

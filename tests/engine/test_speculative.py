@@ -101,8 +101,8 @@ def test_with_preemption(checkpoint):
 
     # Long enough outputs that every sequence outgrows its first block, in a pool that holds one sequence
     # of 64 tokens and the states of a second, less a page where blocks and states share it: sequences
-    # wait, or are preempted and recomputed, and verifies find checkpoint pages only some of the time (a
-    # model without attention holds two states and one verify's checkpoints).
+    # wait, or are preempted and recomputed, and verifies find pages for the states they keep only some of the
+    # time, verifying fewer drafts (a model without attention holds two states and one verify's kept states).
     prompts, params = PROMPTS[:3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1,
                                                   allowed_token_ids=CHOICES)
     reference = LLM(checkpoint, dtype="float32").generate(prompts, params, use_tqdm=False)

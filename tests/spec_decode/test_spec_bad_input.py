@@ -43,13 +43,17 @@ def test_a_dict_and_its_json_are_the_same_config():
     assert (a.speculative.prompt_lookup_min, a.speculative.prompt_lookup_max) == (1, 5)  # vLLM's defaults
 
 
-def test_a_pool_without_room_for_the_checkpoints_is_refused_at_start_up():
+def test_a_pool_without_room_for_the_kept_states_is_refused_at_start_up():
     layout = EngineConfig(str(DEFAULT_MODEL)).cache
     pages = layout.pages_per_sequence(1)
     LLM(num_pages=pages)  # one sequence fits without speculation
+    groups = layout.num_state_groups
     with pytest.raises(ValueError, match=rf"the page pool \({pages} pages\) cannot hold a sequence .* and the state "
-                                         rf"checkpoints .*\({layout.num_state_groups} pages, one per state group\)"):
+                                         rf".* keeps after a draft .*\({groups} pages, one per state group; 2 drafts "
+                                         rf"keep {2 * groups}\): raise kv_cache_memory or num_pages"):
         LLM(num_pages=pages, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    # Room for one draft's state: a verify drafts what the free pages keep states for.
+    LLM(num_pages=pages + groups, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -71,15 +75,17 @@ def test_generate_refuses_an_unknown_method_in_one_line():
     assert "--speculative-config: unknown method 'medusa'" in result.stderr
 
 
-def test_plan_prints_the_checkpoint_pages():
+def test_plan_prints_the_pages_of_the_kept_states():
     spec = '{"method": "ngram", "num_speculative_tokens": 4}'
     hybrid = _cli("plan", BAMBA_9B, "--speculative-config", spec, "--kv-cache-memory", "8GiB", "--max-model-len", "4096")
     assert hybrid.returncode == 0, hybrid.stderr
     assert "verified as 5 positions in one step" in hybrid.stdout
-    assert "10 page ids = 129,761,280 B (123.75 MiB) per verifying sequence (one per state group)" in hybrid.stdout
-    # Each sequence counts its checkpoints: 661 page ids / (18 + 10) = 23 sequences (27 without speculation).
-    assert "a sequence of 4,096 tokens needs 28: 23 sequences fit" in hybrid.stdout
+    # The state after each of the 4 drafts, in each of the 10 state groups.
+    assert "40 page ids = 519,045,120 B (495.00 MiB) per verifying sequence (one per state group per draft)" \
+        in hybrid.stdout
+    # Each sequence counts its kept states: 661 page ids / (18 + 40) = 11 sequences (27 without speculation).
+    assert "a sequence of 4,096 tokens needs 58: 11 sequences fit" in hybrid.stdout
     report = json.loads(_cli("plan", BAMBA_9B, "--speculative-config", spec, "--json").stdout)
-    assert report["speculative"]["checkpoint_page_ids_per_sequence"] == 10
+    assert report["speculative"]["checkpoint_page_ids_per_sequence"] == 40
     attention = _cli("plan", LLAMA_1B, "--speculative-config", spec)
     assert "none: attention alone, a rejected draft's KV is dropped by length" in attention.stdout

@@ -80,9 +80,30 @@ def test_drafts_that_failed_pause_then_only_the_longest_match_proposes():
     speculator.propose([seq])
     assert seq.spec_token_ids == []  # a 2-gram match no longer proposes after a failure
     seq.output_token_ids = [9, 10, 11, 12, 4, 5, 6, 7]  # now "5 6 7 8" ... "4 5 6 7" recurs: a 4-gram match
+    seq.num_computed_tokens = seq.num_tokens - 1  # all but the last token computed, as after a decode
     speculator.propose([seq])
     assert seq.spec_token_ids == [8, 9, 10, 11]
     _back_off(seq, accepted=4, num_drafts=4)  # a verify that keeps all its drafts ends the probation
     seq.output_token_ids = []
+    seq.num_computed_tokens = len(seq.prompt_token_ids)
     speculator.propose([seq])
     assert seq.spec_token_ids == [9, 10, 11, 12]
+
+
+def test_a_sequence_still_computing_its_tokens_proposes_nothing():
+    """After preemption a sequence computes its generated tokens again; drafts follow its last token only."""
+    from runtime import SamplingParams
+    from runtime.sequence import Sequence
+    from runtime.spec_decode.config import SpeculativeConfig
+    from runtime.spec_decode.speculator import Speculator
+
+    config = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+    speculator = Speculator(config, num_state_groups=1, max_model_len=1000)
+    seq = Sequence("r", [1, 2, 3, 1, 2], SamplingParams(max_tokens=100))
+    seq.output_token_ids = [3, 1, 2]
+    seq.num_computed_tokens = 6  # two tokens to compute again
+    speculator.propose([seq])
+    assert seq.spec_token_ids == []
+    seq.num_computed_tokens = 7
+    speculator.propose([seq])
+    assert seq.spec_token_ids == [3, 1, 2]

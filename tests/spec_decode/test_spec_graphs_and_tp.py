@@ -1,5 +1,5 @@
-"""Speculation beside captured decode steps (verify steps run eagerly, all-decode steps replay) and tensor
-parallelism (the plan, drafts included, goes to every rank; checkpoint copies too)."""
+"""Speculation with captured steps (verify steps are captured and replayed as decode steps are) and tensor
+parallelism (the plan, drafts included, goes to every rank; the copies of kept states too)."""
 
 import pytest
 
@@ -30,14 +30,19 @@ def reference(bamba):
     return LLM(bamba, dtype="float32", enforce_eager=True).generate(PROMPTS, PARAMS, use_tqdm=False)
 
 
-def test_captured_decode_steps_replay_between_verify_steps(bamba, reference):
+def test_captured_verify_and_decode_steps_replay(bamba, reference):
     llm = LLM(bamba, dtype="float32", speculative_config=SPEC)
     graphs = llm.engine.runner.graphs
     if graphs is None:
         pytest.skip("no captured decode steps here (the native CPU library is not built)")
     assert_same(llm.generate(PROMPTS, PARAMS, use_tqdm=False), reference)
-    assert graphs.graphs and not graphs.disabled  # steps without drafts were captured and replayed
-    assert llm.engine.speculator.counters.num_accepted_tokens > 0
+    assert not graphs.disabled
+    # Keys: a decode step's batch size, a verify's rows per sequence (1 + its drafts, longest first).
+    verifies = [key for key in graphs.replays if isinstance(key, tuple)]
+    decodes = [key for key in graphs.replays if isinstance(key, int)]
+    assert verifies and decodes, graphs.replays
+    counters = llm.engine.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens  # drafts kept and drafts rolled back
 
 
 def test_tensor_parallel_verify_steps(bamba, reference):
