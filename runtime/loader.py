@@ -220,9 +220,8 @@ def build_model(config: EngineConfig, device: torch.device) -> CausalLM:
 
 
 def _build_from_gguf(cls: type, config: EngineConfig, device: torch.device, gguf: Path) -> CausalLM:
-    """A GGUF file's model: built on the meta device, its quantized linears swapped in, then the rest allocated."""
-    if config.pipeline_parallel_size > 1:
-        raise CheckpointError("GGUF files do not run in pipeline stages yet; leave --pipeline-parallel-size at 1")
+    """A GGUF file's model: built on the meta device, its quantized linears swapped in, then the rest allocated.
+    Every tensor-parallel rank and pipeline stage reads the whole file, then keeps its part (a stage its layers)."""
     with default_dtype(DTYPES[config.model_dtype]), device, parameters_on_meta(True):
         model = cls(config.dims)
     model.weight_shards = {}  # until sharded below (LoRA cuts its slots like the weights)
@@ -231,6 +230,12 @@ def _build_from_gguf(cls: type, config: EngineConfig, device: torch.device, gguf
         allocate_parameters(model, device)
         model.tie_weights()
     load_gguf_weights(model, gguf, config.hf_config, DTYPES[config.model_dtype], device, allocate)
+    if config.pipeline_parallel_size > 1:
+        from runtime.distributed.pipeline import cut_model
+
+        stage = cut_model(model, config)  # the other stages' layers, and their tensors, go
+        stage.checkpoint_names(model)  # what the stage holds, by the file's names
+        model.stage_model = stage
     if config.tensor_parallel_size > 1:
         model.weight_shards = _shard_loaded(model, state.rank(), config.tensor_parallel_size)
     return model.eval()

@@ -173,6 +173,20 @@ def test_tp2_gguf_matches_transformers(kind, gguf_file):
 
 # --- Pipeline parallelism: a stage reads and converts its own layers only -----------------------------------
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K_M"])
+def test_pp2_gguf_matches_transformers(kind, gguf_file):
+    """Each stage reads the file and keeps its own layers (the other stage's go before the pool is planned)."""
+    path, reference = gguf_file(kind, intermediate_size=256)
+    llm = LLM(str(path), dtype="float32", pipeline_parallel_size=2)
+    try:
+        first, second = llm.engine.runner.describe()
+        held = {int(m.group(1)) for m in map(re.compile(r".*layers\.(\d+)\.").match, layer_names(llm)) if m}
+        assert held == set(first["layers"]) and not held & set(second["layers"])
+        assert_matches(llm, reference, f"gguf {kind} pp=2")
+    finally:
+        llm.engine.shutdown()
+
+
 def test_pp2_quantized_on_loading_matches_transformers(tiny_checkpoint):
     directory, hf = tiny_checkpoint("bamba")
     llm = LLM(directory, dtype="float32", quantization="int8", pipeline_parallel_size=2)
