@@ -132,7 +132,7 @@ class CacheManager:
             self._release(page)
 
     def borrow(self, n: int) -> list[int] | None:
-        """`n` free pages for the length of one step (speculative decoding's state checkpoints), or None."""
+        """`n` free pages for the length of one step (the states a speculative verify keeps), or None."""
         return self._take(n) if n <= len(self._free) else None
 
     def give_back(self, pages: list[int]) -> None:

@@ -142,7 +142,7 @@ class Speculator:
         return keep, restores
 
     def release(self, batch: Batch, cache: CacheManager) -> None:
-        """After the step's copies ran: the checkpoint pages go back to the pool."""
+        """After the step's copies ran: the pages that kept its states go back to the pool."""
         for seq in batch.seqs:
             cache.give_back(seq.checkpoint_pages)
             seq.checkpoint_pages = []
