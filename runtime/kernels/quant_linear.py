@@ -41,6 +41,12 @@ NATIVE_MAX_ROWS = 16
 # about what 256 rows of GEMM do, and from 512 rows this is faster than amx_quant_gemm, 4-5x at 4,096 (its
 # tiles reload the weights for every 32 rows), on this machine's AVX-512 + AMX Xeon.
 BFLOAT16_GEMM_MIN_ROWS = 512
+# Where the CPU has AVX-512 BF16 but no AMX, a bfloat16 model's batches up to this many rows run on quant_gemm's
+# converted rows, the longer ones on the weight dequantized to bfloat16 (BFLOAT16_GEMM_MIN_ROWS's path). On this
+# machine's EPYC (2 threads, N x K = 2048 x 2048, int8 / int4): 128 rows 4.0 / 4.2 ms converted against 5.1 / 4.8
+# dequantized, 256 rows 7.0 / 7.9 against 7.1 / 7.1, 512 rows 14.6 / 15.8 against 12.2 / 12.3 (oneDNN on the
+# bfloat16 weight itself: 2.6, 4.9, 10.0 ms).
+CONVERTED_MAX_ROWS = 256
 # A prefill's float32 panel of dequantized weights (256 features at K = 2048). Smaller panels cost more than the
 # dequantization: the GEMM packs x again for every panel (one thread, N = K = 2048, M = 512: 16-row panels 2x
 # slower than float32 nn.Linear, 2-8 MiB level with it).
@@ -190,6 +196,32 @@ def dequantized_bfloat16(qweight: Tensor, scales: Tensor, group_size: int, offse
     return weight
 
 
+def converts(x: Tensor, qweight: Tensor, group_size: int) -> bool:
+    """A batch of a bfloat16 model's rows, short of CONVERTED_MAX_ROWS, on quant_gemm's converted rows (csrc/quant.c's
+    quant_converts): each block of weight rows converted to bfloat16 once and multiplied with vdpbf16ps, where the
+    CPU has AVX-512 BF16 but no AMX; int8 or int4, K and the groups whole steps of 32."""
+    k = x.shape[1]
+    return (x.dtype == torch.bfloat16 and x.shape[0] < CONVERTED_MAX_ROWS and bfloat16_native()
+            and not cpu_native.amx_ready() and qweight.dtype in (torch.int8, torch.uint8) and k % 32 == 0
+            and (group_size % 32 == 0 or group_size >= k))
+
+
+def bfloat16_gemm_runs(x: Tensor) -> bool:
+    """A bfloat16 model's batch on the weight dequantized to bfloat16 and oneDNN's GEMM: from
+    BFLOAT16_GEMM_MIN_ROWS rows, and from CONVERTED_MAX_ROWS where the CPU multiplies bfloat16 natively without
+    AMX (shorter batches that converts() does not take stay on the float32 panels, exact weights)."""
+    if x.dtype != torch.bfloat16:
+        return False
+    rows = x.shape[0]
+    return rows >= BFLOAT16_GEMM_MIN_ROWS or (rows >= CONVERTED_MAX_ROWS and bfloat16_native()
+                                              and not cpu_native.amx_ready())
+
+
+def bfloat16_native() -> bool:
+    """The native library multiplies bfloat16 here (AVX-512 BF16), and so does oneDNN."""
+    return torch.bfloat16 in cpu_native.panel_dtypes()
+
+
 def amx_runs(x: Tensor, qweight: Tensor, offsets: Tensor | None, group_size: int) -> bool:
     """A batch of a bfloat16 model's rows (a prefill) on AMX tiles (cpu_native.amx_quant_gemm): int8 or int4
     without offsets, K and the groups whole tiles of 32. Its products are exact (x and q are bfloat16 values), so
@@ -203,9 +235,12 @@ def amx_runs(x: Tensor, qweight: Tensor, offsets: Tensor | None, group_size: int
 def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
                  offsets: Tensor | None = None) -> Tensor:
     """quant_linear_ref on the native kernels where they run (a CPU with the library, a format native_runs
-    takes): up to NATIVE_MAX_ROWS rows in registers, more by panels (quant_linear_panels); on a CUDA device
-    the Triton kernel (quant_linear_gpu.py), or _scaled_mm for FP8 per-channel weights with bfloat16
-    activations where the GPU has FP8 (scaled_mm_runs). The float32 result, as the reference's."""
+    takes): up to NATIVE_MAX_ROWS rows in registers (quant_gemm; a bfloat16 model's batches up to
+    CONVERTED_MAX_ROWS too where converts()), then a bfloat16 model's batch on the weight dequantized to bfloat16
+    (bfloat16_gemm_runs) or on AMX tiles (amx_runs), others by float32 panels (quant_linear_panels); on a CUDA
+    device the Triton kernel (quant_linear_gpu.py), or _scaled_mm for FP8 per-channel weights with bfloat16
+    activations where the GPU has FP8 (scaled_mm_runs). The float32 result, as the reference's, or bfloat16 from
+    the bfloat16 GEMM."""
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if x.is_cuda:
         if scaled_mm_runs(flat, qweight, scales, offsets):
@@ -213,9 +248,9 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bi
         else:
             y = quant_linear_triton(flat, qweight, scales, group_size, bias, offsets)
     elif x.is_cpu and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
-        if flat.shape[0] <= NATIVE_MAX_ROWS:
+        if flat.shape[0] <= NATIVE_MAX_ROWS or converts(flat, qweight, group_size):
             y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets)
-        elif flat.dtype == torch.bfloat16 and flat.shape[0] >= BFLOAT16_GEMM_MIN_ROWS:
+        elif bfloat16_gemm_runs(flat):
             weight = dequantized_bfloat16(qweight, scales, group_size, offsets, flat.shape[1])
             y = torch.nn.functional.linear(flat, weight, None if bias is None else bias.to(torch.bfloat16))
         elif amx_runs(flat, qweight, offsets, group_size):

@@ -216,8 +216,12 @@ def test_a_long_bfloat16_prefill_runs_on_the_weight_dequantized_to_bfloat16(fmt,
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2 * expected.abs().max().item())
     reference = quant_linear_ref(x, q, scales, 32, bias, shifts)  # float32 weights: bfloat16's rounding apart
     torch.testing.assert_close(got.float(), reference, rtol=3e-2, atol=3e-2 * reference.abs().max().item())
-    fewer = quant_linear(x[:rows - 1], q, scales, 32, bias, shifts)  # one row fewer: the float32 sums
-    assert fewer.dtype == torch.float32
+    # Fewer rows: the float32 sums, except where the CPU multiplies bfloat16 without AMX, where this GEMM takes
+    # batches from CONVERTED_MAX_ROWS that converted rows do not (K = 300 is not whole steps of 32).
+    fewer = quant_linear(x[:rows - 1], q, scales, 32, bias, shifts)
+    bfloat16_earlier = quant_module.bfloat16_native() and not cpu_native.amx_ready()
+    assert fewer.dtype == (torch.bfloat16 if bfloat16_earlier else torch.float32)
+    assert quant_linear(x[:quant_module.CONVERTED_MAX_ROWS - 1], q, scales, 32, bias, shifts).dtype == torch.float32
 
 
 @native
@@ -312,6 +316,30 @@ def test_int4_steps_of_two_and_four_blocks_match_the_reference(rows, n, k, group
     expected = quant_linear_ref(x, q, scales, group_size, bias, shifts)
     got = cpu_native.quant_gemm(x, q, scales, group_size, bias, shifts)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+# Batches of a bfloat16 model's rows on converted rows (csrc/quant.c's quant_converts, where the CPU has AVX-512
+# BF16): int8 from 4 rows, int4 past 16; int4 in quant_pack_bf16's order for groups of multiples of 64, in k's
+# order for groups of 32 (and K's last 32 values where K is not a multiple of 64); blocks of 4 rows of x and a
+# remainder, tiles of 4 features and a remainder, N past one block of 8; offsets (GGUF's Q4_K) and a bias.
+CONVERTED_SHAPES = [(13, 96, 32), (8, 128, 64), (21, 224, 128), (6, 160, 160), (9, 192, 64), (19, 64, 64)]
+
+
+@native
+@pytest.mark.parametrize("fmt, rows", [("int8", 4), ("int8", 7), ("int8", 33), ("int4", 17), ("int4", 38)])
+@pytest.mark.parametrize("n, k, group_size", CONVERTED_SHAPES)
+@pytest.mark.parametrize("offsets", [False, True])
+def test_batches_of_bfloat16_rows_on_converted_weights_match_the_reference(fmt, rows, n, k, group_size, offsets):
+    generator = torch.Generator().manual_seed(rows * 11 + n * 100 + k + group_size)
+    q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
+    x = torch.randn(rows, k, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(n, generator=generator)
+    expected = quant_linear_ref(x, q, scales, group_size, bias, shifts)
+    got = cpu_native.quant_gemm(x.float(), q, scales, group_size, bias, shifts)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    # The launcher's batches short of a long prefill take the same kernel where it converts (no AMX here).
+    if quant_module.converts(x, q, group_size):
+        assert torch.equal(quant_linear(x, q, scales, group_size, bias, shifts), got)
 
 
 def test_offsets_and_fp8_dequantize_group_by_group():
