@@ -120,9 +120,15 @@ CASES = [("qwen3_next", "fp8-block"), ("qwen3_5_moe", "fp8-block"), ("llama", "c
          ("nemotron_h", "ct-fp8-channel"), ("falcon_h1", "w4a16-asym")]
 
 
+# Qwen3.5-MoE's Gated DeltaNet at the tiny models' scale (initializer range 0.3): its float32 logprobs drift from
+# transformers' by up to 1.6e-4 with the two ranks' sums on an AVX-512 EPYC, the torch references (no native
+# kernels) included, and by less than 1e-4 on an AMX Xeon. At 0.2 the drift is float32's.
+SCALE = {"qwen3_5_moe": dict(initializer_range=0.2)}
+
+
 @pytest.mark.parametrize("name, fmt", CASES)
 def test_tp2_quantized_checkpoint_matches_transformers(name, fmt, quantized_checkpoint):
-    directory, reference = quantized_checkpoint(name, fmt)
+    directory, reference = quantized_checkpoint(name, fmt, **SCALE.get(name, {}))
     llm = LLM(directory, dtype="float32", tensor_parallel_size=2)
     try:
         assert state.world_size() == 2 and quantized_modules(llm)

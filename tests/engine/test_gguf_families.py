@@ -30,7 +30,9 @@ WIDE = {"mamba2": dict(hidden_size=256, num_heads=16, head_dim=32, initializer_r
 # llama.cpp's converter maps no dense-MLP block of Qwen3-Next (mlp_only_layers): published ones have none.
 # nemotron_h_dense: Nemotron-H without experts, whose config.json lacks num_experts_per_tok (as Nemotron-H 8B's
 # does), which the converter writes as architecture nemotron_h rather than nemotron_h_moe.
-OVERRIDES = {"qwen3_next": dict(mlp_only_layers=[]),
+# Its Gated DeltaNet at initializer range 0.3 drifted from transformers' float32 logprobs by up to 1.9e-4 on an
+# AVX-512 EPYC (the torch references without native kernels by 1.04e-4), under 1e-4 on an AMX Xeon: 0.2 here.
+OVERRIDES = {"qwen3_next": dict(mlp_only_layers=[], initializer_range=0.2),
              "nemotron_h_dense": dict(layers_block_type=["mamba", "attention", "mlp", "mamba", "mlp"])}
 CASES = [("mamba", "F32"), ("mamba", "Q8_0"), ("jamba", "F32"), ("jamba", "Q8_0"),
          ("qwen3_next", "F32"), ("qwen3_next", "Q8_0"), ("qwen3_next", "Q4_0"),

@@ -148,19 +148,21 @@ def quantized_copy(source, destination, hf, fmt, dtype=torch.float32):
 
 @pytest.fixture(scope="session")
 def quantized_checkpoint(tmp_path_factory, tiny_checkpoint, tokenizer_dir):
-    """quantized_checkpoint(name, fmt) -> (directory, HF model on the dequantized weights)."""
+    """quantized_checkpoint(name, fmt[, dtype, **config overrides]) -> (directory, HF model on the dequantized
+    weights)."""
     built = {}
 
-    def make(name, fmt, dtype=torch.float32):
-        if (name, fmt, dtype) not in built:
+    def make(name, fmt, dtype=torch.float32, **overrides):
+        key = (name, fmt, dtype, tuple(sorted(overrides.items())))
+        if key not in built:
             if name.startswith("qwen3"):
                 source = tmp_path_factory.mktemp(name)
-                hf = build_deltanet_model(name, source, tokenizer_dir, dtype=dtype)
+                hf = build_deltanet_model(name, source, tokenizer_dir, dtype=dtype, **overrides)
             else:
-                source, hf = tiny_checkpoint(name, **({} if dtype == torch.float32 else {"dtype": dtype}))
+                source, hf = tiny_checkpoint(name, **({} if dtype == torch.float32 else {"dtype": dtype}), **overrides)
             directory = tmp_path_factory.mktemp(f"{name}-{fmt}") / "model"
-            built[name, fmt, dtype] = directory, quantized_copy(source, directory, hf, fmt, dtype)
-        return built[name, fmt, dtype]
+            built[key] = directory, quantized_copy(source, directory, hf, fmt, dtype)
+        return built[key]
 
     return make
 
