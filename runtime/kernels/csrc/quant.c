@@ -426,18 +426,30 @@ static float *quant_permute(int format, int group_size, const float *x, int M, i
 #endif
 }
 
-/* x's rows as bfloat16 in the order of quant_block's int4 steps of four blocks, for each whole 64 values from a
- * multiple of 64: the 32 bytes' low nibbles (values 0-7, 16-23, 32-39, 48-55), then their high ones; NULL where
- * those steps do not run (no AVX-512 BF16, not int4, groups that do not start at multiples of 64) or where a value
- * of x is not a bfloat16 (a float32 model): bfloat16 products are exact in float32, so with a bfloat16 model's
- * activations the steps sum what the float32 ones do. */
-static uint16_t *quant_pack_bf16(int format, int group_size, const float *x, int M, int K) {
+/* Whether quant_block's int4 steps of four blocks run: AVX-512 BF16, int4, groups that start at multiples of 64;
+ * and only where every value of x is a bfloat16 (quant_bf16_valued; not a float32 model's): bfloat16 products
+ * are exact in float32, so with a bfloat16 model's activations the steps sum what the float32 ones do. */
+static int quant_packs_bf16(int format, int group_size, int K) {
 #if defined(__AVX512BF16__)
-    if (format != TANDEM_QUANT_INT4 || (group_size % 64 != 0 && group_size < K) || K < 64) return NULL;
+    return format == TANDEM_QUANT_INT4 && (group_size % 64 == 0 || group_size >= K) && K >= 64;
+#else
+    (void)format, (void)group_size, (void)K;
+    return 0;
+#endif
+}
+
+/* Every value of x a bfloat16 one (its float32 bits' low half zero). */
+static int quant_bf16_valued(const float *x, int64_t n) {
     const uint32_t *bits = (const uint32_t *)x;
     uint32_t low_bits = 0;
-    for (int64_t i = 0; i < (int64_t)M * K; i++) low_bits |= bits[i] & 0xffff;
-    if (low_bits) return NULL;
+    for (int64_t i = 0; i < n; i++) low_bits |= bits[i] & 0xffff;
+    return low_bits == 0;
+}
+
+/* x's rows (bfloat16 values) as bfloat16 in the order of those steps, for each whole 64 values from a multiple of
+ * 64: the 32 bytes' low nibbles (values 0-7, 16-23, 32-39, 48-55), then their high ones; the rest as it lies. */
+static uint16_t *quant_pack_bf16(const float *x, int M, int K) {
+    const uint32_t *bits = (const uint32_t *)x;
     uint16_t *out = malloc(sizeof(uint16_t) * (size_t)M * (size_t)K);
     for (int m = 0; m < M; m++) {
         const uint32_t *row = bits + (int64_t)m * K;
@@ -452,10 +464,6 @@ static uint16_t *quant_pack_bf16(int format, int group_size, const float *x, int
         for (; k < K; k++) to[k] = (uint16_t)(row[k] >> 16);
     }
     return out;
-#else
-    (void)format, (void)group_size, (void)x, (void)M, (void)K;
-    return NULL;
-#endif
 }
 
 /* Whether a batch of M rows runs on converted rows (quant_bf16_rows, quant_bf16_dots) rather than the steps above,
@@ -477,12 +485,9 @@ static int quant_converts(int format, int group_size, int M, int K) {
 #endif
 }
 
-/* x's rows as bfloat16 in their own order, or NULL where a value of x is not a bfloat16 (a float32 model). */
+/* x's rows (bfloat16 values) as bfloat16 in their own order. */
 static uint16_t *quant_x_bf16(const float *x, int M, int K) {
     const uint32_t *bits = (const uint32_t *)x;
-    uint32_t low_bits = 0;
-    for (int64_t i = 0; i < (int64_t)M * K; i++) low_bits |= bits[i] & 0xffff;
-    if (low_bits) return NULL;
     uint16_t *out = malloc(sizeof(uint16_t) * (size_t)M * (size_t)K);
     for (int64_t i = 0; i < (int64_t)M * K; i++) out[i] = (uint16_t)(bits[i] >> 16);
     return out;
@@ -609,17 +614,15 @@ static void quant_bf16_dots(const uint16_t *w, const float *scales, int groups, 
 void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
                        const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
     if (M < 1 || N < 1) return;
-    /* x in bfloat16 for converted rows: int4 in quant_pack_bf16's order where it runs (its weights convert
-     * faster so), else as it lies */
-    uint16_t *xrows = NULL;
-    int permuted = 0;
-    if (quant_converts(format, group_size, M, K)) {
-        xrows = quant_pack_bf16(format, group_size, x, M, K);
-        permuted = xrows != NULL;
-        if (!xrows) xrows = quant_x_bf16(x, M, K);
-    }
+    /* x in bfloat16 (its values checked once) for converted rows, int4 in quant_pack_bf16's order where it runs
+     * (its weights convert faster so), else as it lies; or for int4's steps of four blocks */
+    const int converts = quant_converts(format, group_size, M, K), packs = quant_packs_bf16(format, group_size, K);
+    const int bf16_x = (converts || packs) && quant_bf16_valued(x, (int64_t)M * K);
+    uint16_t *xrows = NULL, *xbf = NULL;
+    const int permuted = packs;
+    if (bf16_x && converts) xrows = packs ? quant_pack_bf16(x, M, K) : quant_x_bf16(x, M, K);
+    else if (bf16_x && packs) xbf = quant_pack_bf16(x, M, K);
     float *xperm = xrows ? NULL : quant_permute(format, group_size, x, M, K);
-    uint16_t *xbf = xrows ? NULL : quant_pack_bf16(format, group_size, x, M, K);
     const int64_t row_bytes = quant_row_bytes(format, K);
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
     /* output features per block: converted rows in tiles of 6 or 4 features */
