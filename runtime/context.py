@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -33,9 +33,16 @@ class ForwardContext:
     lora_indices: torch.Tensor | None = None
     # Sequences in each wave of the decode rows (runtime/waves.py); empty: one wave, a row per sequence.
     decode_waves: tuple[int, ...] = ()
-    # Per state group: (sequences of wave 1, waves - 1) int64, where each sequence that goes on past wave i
-    # keeps its state after wave i (speculative decoding resumes from the last accepted draft's).
-    wave_snapshot_pages: tuple[torch.Tensor, ...] = ()
+    # With waves, per state group: (waves + 1, decode sequences) int64, the page each sequence's state is read
+    # from in wave 0 and written to by each wave (speculative decoding resumes from the last accepted draft's).
+    wave_state_pages: tuple[torch.Tensor, ...] = ()
+
+    def decode_pages(self, group: int) -> tuple[torch.Tensor, tuple[int, ...] | None]:
+        """A state group's pages for its layers' decode kernels, and the waves: each decode sequence's page and
+        None, or in a verify step the page chains of runtime.kernels.common.in_waves and the waves."""
+        if self.decode_waves:
+            return self.wave_state_pages[group], self.decode_waves
+        return self.decode_state_indices[group], None
 
 
 @dataclass(frozen=True)
@@ -67,25 +74,6 @@ def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
 def current_lora_indices() -> torch.Tensor | None:
     """The step's LoRA slot per token row, or None (no adapter in the step, or outside a step)."""
     return None if _current is None else _current.lora_indices
-
-
-def update_in_waves(ctx: ForwardContext, group: int, states: tuple[torch.Tensor, ...],
-                    update: Callable[[slice, torch.Tensor], Any]) -> list[Any]:
-    """Run a state layer's decode `update(rows, state_page_ids)` over the step's decode rows, one wave after
-    another (runtime/waves.py), keeping each continuing sequence's `states` (the layer's views of the pool,
-    indexed by page id) after every wave but the last. Returns each wave's result, in order."""
-    pages = ctx.decode_state_indices[group]
-    waves = ctx.decode_waves or (ctx.num_decodes,)
-    results, row = [], 0
-    for i, n in enumerate(waves):
-        results.append(update(slice(row, row + n), pages[:n]))
-        row += n
-        if i + 1 < len(waves):
-            going_on = waves[i + 1]
-            kept = ctx.wave_snapshot_pages[group][:going_on, i]
-            for state in states:
-                state.index_copy_(0, kept, state.index_select(0, pages[:going_on]))
-    return results
 
 
 def get_forward_context() -> ForwardContext:

@@ -75,8 +75,8 @@ class DecodeGraph:
         self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
         self.state_pages = tuple(torch.zeros(num_seqs, **long) for _ in range(layout.num_state_groups))
         verify = rows > num_seqs
-        self.snapshot_pages = tuple(torch.zeros(waves[1], len(waves) - 1, **long)
-                                    for _ in range(layout.num_state_groups)) if verify else ()
+        self.wave_pages = tuple(torch.zeros(len(waves) + 1, num_seqs, **long)
+                                for _ in range(layout.num_state_groups)) if verify else ()
         # A verify's logits go to sampling sequence by sequence, each sequence's rows in order.
         self.logits_order = torch.arange(rows, **long) if verify else None
         attention = None
@@ -89,7 +89,7 @@ class DecodeGraph:
         self.context = ForwardContext(rows, 0, attention, self.block_tables, self.slot_mappings, None,
                                       self.state_pages, tuple(p[num_seqs:] for p in self.state_pages),
                                       lora_indices=self.lora_indices, decode_waves=tuple(waves) if verify else (),
-                                      wave_snapshot_pages=self.snapshot_pages)
+                                      wave_state_pages=self.wave_pages)
         self.program: list[Callable[[], None]] = []
         self.logits: torch.Tensor | None = None
         self.pool: torch.Tensor | None = None  # the page pool the program reads and writes
@@ -112,7 +112,7 @@ class DecodeGraph:
                                           for s, p in zip(row_seqs, plan.positions)]))
         for pages, group in zip(self.state_pages, plan.state_pages):
             pages.copy_(torch.tensor(group))
-        for pages, group in zip(self.snapshot_pages, plan.wave_snapshot_pages):
+        for pages, group in zip(self.wave_pages, plan.wave_state_pages):
             pages.copy_(torch.tensor(group))
         if self.logits_order is not None:
             self.logits_order.copy_(torch.tensor(plan.logits_indices))
@@ -124,7 +124,7 @@ class DecodeGraph:
         """Run the step (filled first) while recording it; returns its logits, and why a replay could not
         repeat it (None when it can: the graph is ready). The step itself is right either way."""
         marked = [self.input_ids, self.positions, *self.block_tables, *self.slot_mappings, self.seq_lens,
-                  *self.state_pages, *self.snapshot_pages, pool,
+                  *self.state_pages, *self.wave_pages, pool,
                   *([self.lora_indices] if self.lora is not None else []),
                   *([self.logits_order] if self.logits_order is not None else [])]
         recorder = _Recorder(self.program, self._held, marked)

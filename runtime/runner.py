@@ -245,10 +245,10 @@ class ModelRunner:
         if self.lora is not None and plan.loras:
             lora_indices = self.lora.indices([plan.loras[s] for s in row_seqs], [1] * len(row_seqs), device)
         waves = tuple(decode_waves(decode_counts)) if decode_rows > num_decodes else ()
-        snapshots = tuple(torch.tensor(group, dtype=torch.long, device=device) for group in plan.wave_snapshot_pages)
+        chains = tuple(torch.tensor(group, dtype=torch.long, device=device) for group in plan.wave_state_pages)
         return ForwardContext(decode_rows, len(plan.input_ids) - decode_rows, attention, block_tables,
                               slot_mappings, mamba_prefill, decode_idx, prefill_idx, generated_split=split,
-                              lora_indices=lora_indices, decode_waves=waves, wave_snapshot_pages=snapshots)
+                              lora_indices=lora_indices, decode_waves=waves, wave_state_pages=chains)
 
     def _generated_split(self, plan: StepPlan) -> GeneratedSplit:
         counts, starts, first = plan.counts, plan.starts, len(plan.counts) - plan.num_generated
@@ -288,8 +288,9 @@ class StepPlan:
     prompt_rows: list[tuple[int, int, int]]
     num_generated: int = 0  # the last prefill sequences, whose chunks hold generated tokens only
     loras: list = field(default_factory=list)  # per sequence: its LoRARequest or None (empty: no adapter at all)
-    # Per state group, per verifying sequence: the pages that keep its state after each wave (runtime/waves.py).
-    wave_snapshot_pages: list[list[list[int]]] = field(default_factory=list)
+    # In a verify step, per state group: the page each decode sequence's state lies in before the first wave
+    # and after each (runtime/waves.py), (waves + 1, decode sequences); empty without drafts.
+    wave_state_pages: list[list[list[int]]] = field(default_factory=list)
     # Pipeline parallelism: the last stage picks the greedy tokens and sends their ids, not the logits
     # (set by rank 0 only where that is exact: runtime.distributed.pipeline.greedy_ids_suffice).
     greedy_ids: bool = False
@@ -353,7 +354,7 @@ def plan_step(batch: Batch, num_attention_groups: int,
     state_pages = [[seq.state_pages[g] for seq in seqs] for g in range(num_state_groups)]
     loras = [seq.lora_request for seq in seqs] if any(seq.lora_request for seq in seqs) else []
     plan = StepPlan(input_ids, positions, logits_indices, counts, starts, num_decodes, block_tables, state_pages,
-                    prompt_rows, num_generated, loras, wave_snapshot_pages=_wave_snapshot_pages(
+                    prompt_rows, num_generated, loras, wave_state_pages=_wave_state_pages(
                         seqs[:num_decodes], counts[:num_decodes], num_state_groups))
     return plan, sample_seqs, prompt_seqs
 
@@ -364,15 +365,17 @@ def _token_at(seq: Sequence, position: int) -> int:
     return seq.token_ids[position] if position < tokens else seq.spec_token_ids[position - tokens]
 
 
-def _wave_snapshot_pages(seqs: list[Sequence], counts: list[int], num_state_groups: int) -> list[list[list[int]]]:
-    """Per state group, per sequence that verifies drafts, the page that keeps its state after each wave but
-    its last (Speculator.checkpoint borrowed them: one per state group per draft, wave-major)."""
-    verifying = [(seq, n) for seq, n in zip(seqs, counts) if n > 1]
-    if not verifying or not num_state_groups:
+def _wave_state_pages(seqs: list[Sequence], counts: list[int], num_state_groups: int) -> list[list[list[int]]]:
+    """Per state group, the page each decode sequence's state is read from in wave 0 and written to by each
+    wave: its own page, except after a wave it goes on past, where the state stays in a page of its own
+    (Speculator.checkpoint borrowed them: one per state group per draft, wave-major) for the verify to resume
+    from the last accepted draft's. Empty when no sequence verifies drafts."""
+    if not num_state_groups or all(n == 1 for n in counts):
         return []
-    width = verifying[0][1] - 1
-    return [[[seq.checkpoint_pages[i * num_state_groups + g] for i in range(n - 1)] + [0] * (width - n + 1)
-             for seq, n in verifying] for g in range(num_state_groups)]
+    return [[[seq.state_pages[g] for seq in seqs]]
+            + [[seq.checkpoint_pages[i * num_state_groups + g] if n > i + 1 else seq.state_pages[g]
+                for seq, n in zip(seqs, counts)] for i in range(counts[0])]
+            for g in range(num_state_groups)]
 
 
 def in_sequence_order(hidden: torch.Tensor, plan: StepPlan) -> torch.Tensor:

@@ -8,12 +8,14 @@ and states are stored in their own dtype.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from runtime.kernels._triton_utils import tl, triton
-from runtime.kernels.common import gather_initial_states, scatter_states
+from runtime.kernels.common import check_waves, gather_initial_states, in_waves, scatter_states
 from runtime.kernels.metadata import MambaPrefillMetadata
 
 ACTIVATIONS = (None, "silu", "swish")
@@ -78,22 +80,28 @@ def causal_conv1d_update_ref(
     conv_states: Tensor,
     state_indices: Tensor,
     activation: str | None = "silu",
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """Decode: one token per sequence.
 
     x: (S, D); weight: (D, W); bias: (D,) or None; conv_states: (num_slots, W-1, D);
-    state_indices: (S,), -1 = padding (skipped: no read, no write, output zero).
+    state_indices: (S,), -1 = padding (skipped: no read, no write, output zero); with `waves`, a verify's
+    rows (runtime/waves.py), S is the rows and state_indices the page chains of common.in_waves.
     Updates conv_states in place; returns (S, D).
     """
     _check_conv_args(x, weight, bias, conv_states, activation)
-    assert state_indices.shape == x.shape[:1]
-    keep = state_indices >= 0
-    slots = state_indices[keep]
-    window = torch.cat([conv_states[slots].float(), x[keep].float()[:, None]], dim=1)  # (S', W, D)
-    y = torch.einsum("swd,dw->sd", window, weight.float())
-    conv_states[slots] = window[:, 1:].to(conv_states.dtype)
+    check_waves(state_indices, waves, x.shape[0])
     out = torch.zeros_like(x)
-    out[keep] = _bias_and_activation(y, bias, activation).to(x.dtype)
+
+    def step(rows: slice, state_indices: Tensor) -> None:
+        keep = state_indices >= 0
+        slots = state_indices[keep]
+        window = torch.cat([conv_states[slots].float(), x[rows][keep].float()[:, None]], dim=1)  # (S', W, D)
+        y = torch.einsum("swd,dw->sd", window, weight.float())
+        conv_states[slots] = window[:, 1:].to(conv_states.dtype)
+        out[rows][keep] = _bias_and_activation(y, bias, activation).to(x.dtype)
+
+    in_waves(conv_states, state_indices, waves, step)
     return out
 
 
@@ -142,18 +150,25 @@ def causal_conv1d_update_triton(
     conv_states: Tensor,
     state_indices: Tensor,
     activation: str | None = "silu",
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
-    """causal_conv1d_update_ref as one Triton kernel (same shapes): a program per (sequence, channel block)."""
+    """causal_conv1d_update_ref as one Triton kernel (same shapes): a program per (sequence, channel block).
+    A verify's waves launch it once a wave (common.in_waves)."""
     _check_conv_args(x, weight, bias, conv_states, activation)
-    assert state_indices.shape == x.shape[:1]
-    num_seqs, dim = x.shape
+    check_waves(state_indices, waves, x.shape[0])
+    dim = x.shape[1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block_d = min(CONV_BLOCK_D, triton.next_power_of_2(dim))
-    _causal_conv1d_update_kernel[(num_seqs, triton.cdiv(dim, block_d))](
-        x, weight, bias if bias is not None else weight, conv_states, state_indices, out, dim, *x.stride(),
-        *weight.stride(), *conv_states.stride(), *out.stride(), WIDTH=weight.shape[1], HAS_BIAS=bias is not None,
-        SILU=activation is not None, BLOCK_D=block_d,
-    )  # fmt: skip
+
+    def step(rows: slice, slots: Tensor) -> None:
+        xs, ys = x[rows], out[rows]
+        _causal_conv1d_update_kernel[(xs.shape[0], triton.cdiv(dim, block_d))](
+            xs, weight, bias if bias is not None else weight, conv_states, slots, ys, dim, *xs.stride(),
+            *weight.stride(), *conv_states.stride(), *ys.stride(), WIDTH=weight.shape[1],
+            HAS_BIAS=bias is not None, SILU=activation is not None, BLOCK_D=block_d,
+        )  # fmt: skip
+
+    in_waves(conv_states, state_indices, waves, step)
     return out
 
 

@@ -1,6 +1,9 @@
-"""Pieces shared by the Mamba references: the time step, per-sequence states, and the inter-chunk pass."""
+"""Pieces shared by the Mamba references: the time step, per-sequence states, a verify's waves, and the
+inter-chunk pass."""
 
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +36,39 @@ def scatter_states(states: Tensor, state_indices: Tensor, new_states: Tensor) ->
     """states[slot] = new_states for every sequence whose slot is not -1 (padding)."""
     keep = state_indices >= 0
     states[state_indices[keep]] = new_states[keep].to(states.dtype)
+
+
+def check_waves(state_indices: Tensor, waves: Sequence[int] | None, rows: int) -> None:
+    """A decode kernel's pages: (rows,) without waves; with them, (len(waves) + 1, waves[0]) page chains over
+    rows = sum(waves) rows in waves, each wave no larger than the one before (runtime/waves.py)."""
+    if waves is None:
+        assert state_indices.shape == (rows,), f"state_indices must be ({rows},), got {tuple(state_indices.shape)}"
+        return
+    assert len(waves) >= 1 and sum(waves) == rows, f"waves {tuple(waves)} must cover the {rows} rows"
+    assert all(a >= b > 0 for a, b in zip(waves, waves[1:])), f"waves {tuple(waves)} must not grow"
+    assert state_indices.shape == (len(waves) + 1, waves[0]), (
+        f"state_indices must be ({len(waves) + 1}, {waves[0]}) page chains, got {tuple(state_indices.shape)}")
+
+
+def in_waves(states: Tensor, state_indices: Tensor, waves: Sequence[int] | None,
+             step: Callable[[slice, Tensor], None]) -> None:
+    """Run a decode kernel that steps each sequence's state in place, `step(rows, pages)`, over a verify's waves.
+
+    Without waves, state_indices is (S,) and the one step runs in place (-1 = padding, as the kernel says).
+    With them (runtime/waves.py), wave i is rows of the first waves[i] sequences, and sequence s reads its state
+    from page state_indices[i, s] and writes it to state_indices[i + 1, s]: the state after each of its
+    positions lies in a page of its own, and its last wave writes its own page. Chains hold no padding. Here
+    each wave's pages are first copied where the wave writes, then stepped there (the native kernels read one
+    page and write the other, csrc/cpu_native.c)."""
+    if waves is None:
+        step(slice(0, state_indices.shape[0]), state_indices)
+        return
+    row = 0
+    for i, n in enumerate(waves):
+        source, target = state_indices[i, :n], state_indices[i + 1, :n]
+        states.index_copy_(0, target, states.index_select(0, source))
+        step(slice(row, row + n), target)
+        row += n
 
 
 def pass_states(

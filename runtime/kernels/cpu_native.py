@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -118,11 +119,14 @@ def selective_state_update_native(
     dt_limit: tuple[float, float],
     state_indices: Tensor,
     out: Tensor,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """selective_state_update_ref in one pass per state (same arguments, same result up to summation order);
-    the reference itself for a pool the kernel cannot address (a float16 one)."""
+    a verify's waves (common.in_waves) in one launch, each sequence's positions in turn while its state is in
+    the cache; the reference itself for a pool the kernel cannot address (a float16 one)."""
     if not supports_state_pool(ssm_states, 2):
-        return selective_state_update_ref(ssm_states, x, dt, A, B, C, D, dt_bias, dt_limit, state_indices, out)
+        return selective_state_update_ref(ssm_states, x, dt, A, B, C, D, dt_bias, dt_limit, state_indices, out,
+                                          waves)
     num_heads, head_dim = x.shape[1:]
     # x, dt, B and C are read where they lie (slices of the projections, in the model's dtype), dt' is
     # computed in the kernel, and y is written in out's type: a decode step's launch is a few microseconds.
@@ -131,7 +135,8 @@ def selective_state_update_native(
     per_channel = D.float().reshape(num_heads, -1).expand(num_heads, head_dim)
     clamp = tuple(dt_limit) != NO_DT_LIMIT
     _ops().ssm_state_update(ssm_states, state_indices.to(torch.int64).contiguous(), x, dt, _float32(dt_bias), clamp,
-                            *(dt_limit if clamp else (0.0, 0.0)), _float32(A), B, C, _float32(per_channel), y)
+                            *(dt_limit if clamp else (0.0, 0.0)), _float32(A), B, C, _float32(per_channel), y,
+                            waves=_waves(waves))
     return out if y is out else out.copy_(y)
 
 
@@ -151,19 +156,24 @@ def causal_conv1d_update_native(
     conv_states: Tensor,
     state_indices: Tensor,
     activation: str | None = "silu",
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
-    """causal_conv1d_update_ref in one pass per state (same arguments, same result up to summation order);
-    the reference itself for a pool the kernel cannot address (a float16 one)."""
+    """causal_conv1d_update_ref in one pass per state (same arguments, same result up to summation order), a
+    verify's waves in one launch; the reference itself for a pool the kernel cannot address (a float16 one)."""
     if not supports_state_pool(conv_states, 1) or conv_states.stride(1) != x.shape[1]:
-        return causal_conv1d_update_ref(x, weight, bias, conv_states, state_indices, activation)
+        return causal_conv1d_update_ref(x, weight, bias, conv_states, state_indices, activation, waves)
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"causal_conv1d_update: unknown activation {activation!r}; use 'silu', 'swish' or None")
     # x is read as it lies (a float32 or bfloat16 slice of the input projection) and out written in its type.
     source = x if x.dtype in NATIVE_DTYPES and x.stride(1) == 1 else x.float().contiguous()
     out = torch.empty(source.shape, dtype=source.dtype)
     _ops().conv_update(conv_states, state_indices.to(torch.int64).contiguous(), source, _float32(weight),
-                       _float32(bias), activation is not None, out)
+                       _float32(bias), activation is not None, out, waves=_waves(waves))
     return out.to(x.dtype)
+
+
+def _waves(waves: Sequence[int] | None) -> list[int] | None:
+    return None if waves is None else list(waves)
 
 
 def ssd_scan_native(

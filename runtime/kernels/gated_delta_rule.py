@@ -29,12 +29,14 @@ compiled for sm_90 (bench/kernels.py --compile-only) and run under the interpret
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from runtime.kernels._triton_utils import dot_dtype, softplus, tl, triton
-from runtime.kernels.common import gather_initial_states, scatter_states
+from runtime.kernels.common import check_waves, gather_initial_states, in_waves, scatter_states
 from runtime.kernels.metadata import MambaPrefillMetadata
 
 L2NORM_EPS = 1e-6
@@ -133,21 +135,28 @@ def gated_delta_rule_update_ref(
     states: Tensor,
     state_indices: Tensor,
     beta_scale: float = 1.0,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """Decode: one token per sequence (T = S). state_indices (S,), -1 = padding (skipped: no read, no
-    write, output zero). Updates states in place; returns (S, Hv, Dv) in v's dtype."""
+    write, output zero), or with `waves` a verify's page chains (common.in_waves). Updates states in place;
+    returns (S, Hv, Dv) in v's dtype."""
     _check_args(q, k, v, a, b, A_log, dt_bias, states)
-    assert state_indices.shape == q.shape[:1]
-    keep = state_indices >= 0
-    slots = state_indices[keep]
-    qf, kf, vf, g, beta = _prepare(q[keep], k[keep], v[keep], a[keep], b[keep], A_log, dt_bias, beta_scale)
-    state = states[slots].float() * g.exp()[..., None, None]  # (S', H, Dk, Dv)
-    kv_mem = (state * kf[..., None]).sum(dim=-2)
-    delta = (vf - kv_mem) * beta[..., None]
-    state = state + kf[..., None] * delta[..., None, :]
+    check_waves(state_indices, waves, q.shape[0])
     out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    out[keep] = (state * qf[..., None]).sum(dim=-2).to(v.dtype)
-    states[slots] = state.to(states.dtype)
+
+    def step(rows: slice, state_indices: Tensor) -> None:
+        keep = state_indices >= 0
+        slots = state_indices[keep]
+        qf, kf, vf, g, beta = _prepare(q[rows][keep], k[rows][keep], v[rows][keep], a[rows][keep], b[rows][keep],
+                                       A_log, dt_bias, beta_scale)
+        state = states[slots].float() * g.exp()[..., None, None]  # (S', H, Dk, Dv)
+        kv_mem = (state * kf[..., None]).sum(dim=-2)
+        delta = (vf - kv_mem) * beta[..., None]
+        state = state + kf[..., None] * delta[..., None, :]
+        out[rows][keep] = (state * qf[..., None]).sum(dim=-2).to(v.dtype)
+        states[slots] = state.to(states.dtype)
+
+    in_waves(states, state_indices, waves, step)
     return out
 
 
@@ -214,22 +223,29 @@ def gated_delta_rule_update_triton(
     states: Tensor,
     state_indices: Tensor,
     beta_scale: float = 1.0,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """gated_delta_rule_update_ref as one Triton kernel (same shapes): a program per (sequence, value head,
-    Dv block) updates its state tile by one token."""
+    Dv block) updates its state tile by one token. A verify's waves launch it once a wave (common.in_waves)."""
     _check_args(q, k, v, a, b, A_log, dt_bias, states)
-    assert state_indices.shape == q.shape[:1]
+    check_waves(state_indices, waves, q.shape[0])
     num_heads, dk, dv = states.shape[1:]
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     block_v = min(GDN_BLOCK_V, triton.next_power_of_2(dv))
     # A (128, 32) float32 state tile over 4 warps spills registers on sm_90 (bench/kernels.py --compile-only);
     # over 8 it does not.
     warps = 8 if triton.next_power_of_2(dk) * block_v >= 4096 else 4
-    _delta_rule_update_kernel[(q.shape[0], num_heads, triton.cdiv(dv, block_v))](
-        q, k, v, a, b, A_log, dt_bias, states, state_indices, out, dk, dv, *q.stride(), *k.stride(), *v.stride(),
-        *a.stride(), *b.stride(), *states.stride(), *out.stride(), q.shape[-1] ** -0.5, float(beta_scale),
-        HEADS_PER_K=num_heads // q.shape[1], BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, num_warps=warps,
-    )  # fmt: skip
+
+    def step(rows: slice, slots: Tensor) -> None:
+        qs, ks, vs, as_, bs, ys = q[rows], k[rows], v[rows], a[rows], b[rows], out[rows]
+        _delta_rule_update_kernel[(qs.shape[0], num_heads, triton.cdiv(dv, block_v))](
+            qs, ks, vs, as_, bs, A_log, dt_bias, states, slots, ys, dk, dv, *qs.stride(), *ks.stride(),
+            *vs.stride(), *as_.stride(), *bs.stride(), *states.stride(), *ys.stride(), q.shape[-1] ** -0.5,
+            float(beta_scale), HEADS_PER_K=num_heads // q.shape[1], BLOCK_K=triton.next_power_of_2(dk),
+            BLOCK_V=block_v, num_warps=warps,
+        )  # fmt: skip
+
+    in_waves(states, state_indices, waves, step)
     return out
 
 

@@ -19,6 +19,7 @@ dt/B/C RMSNorms are applied by the caller, before this op.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,15 @@ from torch import Tensor
 
 from runtime.kernels import _triton_utils as tu
 from runtime.kernels._triton_utils import tl, triton
-from runtime.kernels.common import NO_DT_LIMIT, gather_initial_states, pass_states, scatter_states, time_step
+from runtime.kernels.common import (
+    NO_DT_LIMIT,
+    check_waves,
+    gather_initial_states,
+    in_waves,
+    pass_states,
+    scatter_states,
+    time_step,
+)
 from runtime.kernels.metadata import MambaPrefillMetadata
 
 # Target size, in state elements, of one position step over all sub-chunks: about 4 MB of float32,
@@ -63,7 +72,8 @@ def selective_scan_ref(
     Only meta.query_start_loc and meta.has_initial_state are used; sub_chunk_len overrides the
     internal sub-chunk length (for tests), which does not change the result.
     """
-    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out)
+    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, out)
+    assert state_indices.dim() == 1
     assert state_indices.shape == (meta.num_sequences,) and x.shape[0] == int(meta.query_start_loc[-1])
     chunks = _SubChunks.build(meta.query_start_loc.long(), A.numel(), sub_chunk_len)
     dt = chunks.gather(time_step(dt, dt_bias, NO_DT_LIMIT))  # (L, K, Dm), 0 past each sub-chunk's end
@@ -99,28 +109,34 @@ def selective_state_update_mamba1_ref(
     z: Tensor | None,
     state_indices: Tensor,
     out: Tensor,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """Mamba-1 decode: one recurrence step per sequence, in place on ssm_states.
 
     ssm_states: (num_slots, Dm, N); x, z, out: (S, Dm); dt: (S, Dm) raw; A: (Dm, N) float32;
     B, C: (S, N); D: (Dm,); dt_bias: (Dm,) or None; state_indices: (S,), -1 = padding (skipped:
-    no read, no write, output zero). state = state * exp(dt' A) + dt' x (x) B;
-    y = state . C + D x, times silu(z) if z is given. Writes out and returns it.
+    no read, no write, output zero), or with `waves` a verify's page chains (common.in_waves).
+    state = state * exp(dt' A) + dt' x (x) B; y = state . C + D x, times silu(z) if z is given.
+    Writes out and returns it.
     """
-    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out)
-    keep = state_indices >= 0
-    slots = state_indices[keep]
-    dt = time_step(dt[keep], dt_bias, NO_DT_LIMIT)  # (S', Dm)
-    x_kept = x[keep].float()
-    state = ssm_states[slots].float().mul_(torch.exp(dt[..., None] * A))
-    state.addcmul_((dt * x_kept)[..., None], B[keep].float()[:, None, :])
-    ssm_states[slots] = state.to(ssm_states.dtype)
+    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, out)
+    check_waves(state_indices, waves, x.shape[0])
 
-    y = (state @ C[keep].float()[..., None]).squeeze(-1) + D.float() * x_kept
-    if z is not None:
-        y *= F.silu(z[keep].float())
-    out[keep] = y.to(out.dtype)
-    out[~keep] = 0
+    def step(rows: slice, state_indices: Tensor) -> None:
+        keep = state_indices >= 0
+        slots = state_indices[keep]
+        dts = time_step(dt[rows][keep], dt_bias, NO_DT_LIMIT)  # (S', Dm)
+        x_kept = x[rows][keep].float()
+        state = ssm_states[slots].float().mul_(torch.exp(dts[..., None] * A))
+        state.addcmul_((dts * x_kept)[..., None], B[rows][keep].float()[:, None, :])
+        ssm_states[slots] = state.to(ssm_states.dtype)
+        y = (state @ C[rows][keep].float()[..., None]).squeeze(-1) + D.float() * x_kept
+        if z is not None:
+            y *= F.silu(z[rows][keep].float())
+        out[rows][keep] = y.to(out.dtype)
+        out[rows][~keep] = 0
+
+    in_waves(ssm_states, state_indices, waves, step)
     return out
 
 
@@ -145,7 +161,8 @@ def selective_scan_triton(
     through the sequence's tokens in order: parallel over sequences and channels, sequential in
     time. Simple and exact, but a long prompt is latency-bound on a GPU (no chunked form yet).
     """
-    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out)
+    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, out)
+    assert state_indices.dim() == 1
     assert state_indices.shape == (meta.num_sequences,)  # nothing that reads a device value: no sync
     d_inner, d_state = A.shape
     block_d = min(MAMBA1_BLOCK_D, triton.next_power_of_2(d_inner))
@@ -170,17 +187,25 @@ def selective_state_update_mamba1_triton(
     z: Tensor | None,
     state_indices: Tensor,
     out: Tensor,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
-    """selective_state_update_mamba1_ref as one Triton kernel (same shapes): a program per (channel block, sequence)."""
-    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, state_indices, out)
+    """selective_state_update_mamba1_ref as one Triton kernel (same shapes): a program per (channel block, sequence).
+    A verify's waves launch it once a wave (common.in_waves)."""
+    _check_mamba1_args(x, dt, A, B, C, D, dt_bias, z, ssm_states, out)
+    check_waves(state_indices, waves, x.shape[0])
     d_inner, d_state = A.shape
     block_d = min(MAMBA1_BLOCK_D, triton.next_power_of_2(d_inner))
-    _selective_state_update_mamba1_kernel[(triton.cdiv(d_inner, block_d), x.shape[0])](
-        x, dt, A, B, C, D, _or(dt_bias, D), _or(z, x), ssm_states, state_indices, out, d_inner, *x.stride(),
-        *dt.stride(), *A.stride(), *B.stride(), *C.stride(), *_or(z, x).stride(), *ssm_states.stride(),
-        *out.stride(), D_STATE=d_state, HAS_DT_BIAS=dt_bias is not None, HAS_Z=z is not None, BLOCK_D=block_d,
-        BLOCK_N=triton.next_power_of_2(d_state),
-    )  # fmt: skip
+
+    def step(rows: slice, slots: Tensor) -> None:
+        xs, dts, bs, cs, zs, ys = x[rows], dt[rows], B[rows], C[rows], _or(z, x)[rows], out[rows]
+        _selective_state_update_mamba1_kernel[(triton.cdiv(d_inner, block_d), xs.shape[0])](
+            xs, dts, A, bs, cs, D, _or(dt_bias, D), zs, ssm_states, slots, ys, d_inner, *xs.stride(),
+            *dts.stride(), *A.stride(), *bs.stride(), *cs.stride(), *zs.stride(), *ssm_states.stride(),
+            *ys.stride(), D_STATE=d_state, HAS_DT_BIAS=dt_bias is not None, HAS_Z=z is not None, BLOCK_D=block_d,
+            BLOCK_N=triton.next_power_of_2(d_state),
+        )  # fmt: skip
+
+    in_waves(ssm_states, state_indices, waves, step)
     return out
 
 
@@ -199,7 +224,6 @@ def _check_mamba1_args(
     dt_bias: Tensor | None,
     z: Tensor | None,
     ssm_states: Tensor,
-    state_indices: Tensor,
     out: Tensor,
 ) -> None:
     num_tokens, d_inner = x.shape
@@ -208,7 +232,7 @@ def _check_mamba1_args(
     assert dt.shape == x.shape and out.shape == x.shape and (z is None or z.shape == x.shape)
     assert B.shape == C.shape == (num_tokens, d_state)
     assert D.shape == (d_inner,) and (dt_bias is None or dt_bias.shape == (d_inner,))
-    assert ssm_states.shape[1:] == (d_inner, d_state) and state_indices.dim() == 1
+    assert ssm_states.shape[1:] == (d_inner, d_state)
 
 
 def _recurrence(

@@ -10,6 +10,8 @@ dtype and states are stored in their own dtype.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from torch import Tensor
 
 from runtime.kernels.causal_conv1d import (
@@ -42,12 +44,15 @@ def short_conv_fn_ref(
 
 
 def short_conv_update_ref(
-    bcx: Tensor, weight: Tensor, bias: Tensor | None, conv_states: Tensor, state_indices: Tensor
+    bcx: Tensor, weight: Tensor, bias: Tensor | None, conv_states: Tensor, state_indices: Tensor,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """Decode: one token per sequence. bcx: (S, 3D); state_indices: (S,), -1 = padding (skipped: no
-    read, no write, output zero). Updates conv_states in place; returns (S, D)."""
+    read, no write, output zero), or with `waves` a verify's page chains (common.in_waves). Updates
+    conv_states in place; returns (S, D)."""
     b, c, x = _split(bcx, weight)
-    y = causal_conv1d_update_ref(b.float() * x.float(), weight, bias, conv_states, state_indices, activation=None)
+    y = causal_conv1d_update_ref(b.float() * x.float(), weight, bias, conv_states, state_indices, activation=None,
+                                 waves=waves)
     return (c.float() * y).to(bcx.dtype)
 
 
@@ -68,12 +73,13 @@ def short_conv_fn_triton(
 
 
 def short_conv_update_triton(
-    bcx: Tensor, weight: Tensor, bias: Tensor | None, conv_states: Tensor, state_indices: Tensor
+    bcx: Tensor, weight: Tensor, bias: Tensor | None, conv_states: Tensor, state_indices: Tensor,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """short_conv_update_ref on the causal-conv Triton update kernel (same shapes)."""
     b, c, x = _split(bcx, weight)
     y = causal_conv1d_update_triton(b.float() * x.float(), weight, bias, conv_states, state_indices,
-                                    activation=None)
+                                    activation=None, waves=waves)
     return (c.float() * y).to(bcx.dtype)
 
 

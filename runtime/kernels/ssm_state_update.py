@@ -9,12 +9,14 @@ Math is float32; y uses the float32 state, which is then stored in the pool's dt
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
 from runtime.kernels import _triton_utils as tu
 from runtime.kernels._triton_utils import tl, triton
-from runtime.kernels.common import time_step
+from runtime.kernels.common import check_waves, in_waves, time_step
 from runtime.kernels.cpu_compile import fused
 
 
@@ -30,25 +32,35 @@ def selective_state_update_ref(
     dt_limit: tuple[float, float],
     state_indices: Tensor,
     out: Tensor,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """One decode step of every sequence.
 
     ssm_states: (num_slots, H, P, N); x, out: (S, H, P); dt: (S, H) raw; A: (H,) float32;
     B, C: (S, G, N), head h uses group h // (H // G); D: (H,) (or (H, P)); dt_bias: (H,);
-    state_indices: (S,), -1 = padding (skipped: no read, no write, output zero).
+    state_indices: (S,), -1 = padding (skipped: no read, no write, output zero); with `waves`, a verify's rows
+    (runtime/waves.py), S is the rows and state_indices the page chains of common.in_waves.
     state = state * exp(dt' A) + dt' x (x) B; y = state . C + D x. In place on ssm_states.
     Writes out and returns it.
     """
-    _check_args(ssm_states, x, dt, A, B, C, state_indices, out)
+    _check_args(ssm_states, x, dt, A, B, C, state_indices, out, waves)
+
+    def step(rows: slice, slots: Tensor) -> None:
+        _step(ssm_states, x[rows], dt[rows], A, B[rows], C[rows], D, dt_bias, dt_limit, slots, out[rows])
+
+    in_waves(ssm_states, state_indices, waves, step)
+    return out
+
+
+def _step(ssm_states, x, dt, A, B, C, D, dt_bias, dt_limit, state_indices, out) -> None:
     keep = state_indices >= 0
     if bool(keep.all()):
         out.copy_(_update(ssm_states, state_indices, x, dt, A, B, C, D, dt_bias, dt_limit))
-        return out
+        return
     out.zero_()
     if bool(keep.any()):
         out[keep] = _update(ssm_states, state_indices[keep], x[keep], dt[keep], A, B[keep], C[keep], D, dt_bias,
                             dt_limit)
-    return out
 
 
 @fused
@@ -82,33 +94,41 @@ def selective_state_update_triton(
     dt_limit: tuple[float, float],
     state_indices: Tensor,
     out: Tensor,
+    waves: Sequence[int] | None = None,
 ) -> Tensor:
     """selective_state_update_ref as one Triton kernel (same shapes); each program holds a
-    (BLOCK_P, N) tile of one head's state of one sequence in registers."""
-    _check_args(ssm_states, x, dt, A, B, C, state_indices, out)
-    num_seqs, num_heads, head_dim = x.shape
+    (BLOCK_P, N) tile of one head's state of one sequence in registers. A verify's waves launch it once
+    a wave (common.in_waves)."""
+    _check_args(ssm_states, x, dt, A, B, C, state_indices, out, waves)
+    num_heads, head_dim = x.shape[1:]
     num_groups, d_state = B.shape[1:]
     d = tu.per_channel(D, num_heads, head_dim)
     block_p, num_warps = _tile_rows(d_state, head_dim)
-    grid = (triton.cdiv(head_dim, block_p), num_seqs, num_heads)
-    _selective_state_update_kernel[grid](
-        ssm_states, x, dt, A, B, C, d, dt_bias, state_indices, out, float(dt_limit[0]), float(dt_limit[1]),
-        *ssm_states.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *d.stride(), *out.stride(),
-        HEAD_DIM=head_dim, D_STATE=d_state, HEADS_PER_GROUP=num_heads // num_groups, BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(d_state), num_warps=num_warps,
-    )  # fmt: skip
+
+    def step(rows: slice, slots: Tensor) -> None:
+        xs, dts, bs, cs, ys = x[rows], dt[rows], B[rows], C[rows], out[rows]
+        grid = (triton.cdiv(head_dim, block_p), xs.shape[0], num_heads)
+        _selective_state_update_kernel[grid](
+            ssm_states, xs, dts, A, bs, cs, d, dt_bias, slots, ys, float(dt_limit[0]), float(dt_limit[1]),
+            *ssm_states.stride(), *xs.stride(), *dts.stride(), *bs.stride(), *cs.stride(), *d.stride(),
+            *ys.stride(), HEAD_DIM=head_dim, D_STATE=d_state, HEADS_PER_GROUP=num_heads // num_groups,
+            BLOCK_P=block_p, BLOCK_N=triton.next_power_of_2(d_state), num_warps=num_warps,
+        )  # fmt: skip
+
+    in_waves(ssm_states, state_indices, waves, step)
     return out
 
 
 def _check_args(
-    ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state_indices: Tensor, out: Tensor
+    ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state_indices: Tensor, out: Tensor,
+    waves: Sequence[int] | None,
 ) -> None:
     num_seqs, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[1:]
     assert num_heads % num_groups == 0 and A.shape == (num_heads,) and A.dtype == torch.float32
     assert dt.shape == (num_seqs, num_heads) and B.shape == C.shape == (num_seqs, num_groups, d_state)
     assert ssm_states.shape[1:] == (num_heads, head_dim, d_state) and out.shape == x.shape
-    assert state_indices.shape == (num_seqs,)
+    check_waves(state_indices, waves, num_seqs)
 
 
 def _tile_rows(d_state: int, head_dim: int) -> tuple[int, int]:

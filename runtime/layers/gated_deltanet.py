@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime import kernels
-from runtime.context import get_forward_context, update_in_waves
+from runtime.context import get_forward_context
 
 
 class HeadRMSNormGated(nn.Module):
@@ -105,10 +105,8 @@ class GatedDeltaNet(nn.Module):
         nd, weight = ctx.num_decodes, self.conv_weight()
         out = torch.empty_like(qkv)
         if nd:
-            def update(rows: slice, pages: torch.Tensor) -> None:
-                out[rows] = kernels.causal_conv1d_update(qkv[rows], weight, None, self.conv_states, pages)
-
-            update_in_waves(ctx, self.group, (self.conv_states,), update)
+            pages, waves = ctx.decode_pages(self.group)
+            out[:nd] = kernels.causal_conv1d_update(qkv[:nd], weight, None, self.conv_states, pages, waves=waves)
         if ctx.num_prefill_tokens:
             out[nd:] = kernels.causal_conv1d_fn(qkv[nd:], weight, None, self.conv_states,
                                                 ctx.prefill_state_indices[self.group], ctx.mamba_prefill)
@@ -119,11 +117,9 @@ class GatedDeltaNet(nn.Module):
         nd = ctx.num_decodes
         y = torch.empty_like(v)
         if nd:
-            def update(rows: slice, pages: torch.Tensor) -> None:
-                y[rows] = kernels.gated_delta_rule_update(q[rows], k[rows], v[rows], a[rows], b[rows], self.A_log,
-                                                          self.dt_bias, self.recurrent_states, pages, self.beta_scale)
-
-            update_in_waves(ctx, self.group, (self.recurrent_states,), update)
+            pages, waves = ctx.decode_pages(self.group)
+            y[:nd] = kernels.gated_delta_rule_update(q[:nd], k[:nd], v[:nd], a[:nd], b[:nd], self.A_log, self.dt_bias,
+                                                     self.recurrent_states, pages, self.beta_scale, waves=waves)
         if ctx.num_prefill_tokens:
             y[nd:] = kernels.gated_delta_rule_fn(
                 q[nd:], k[nd:], v[nd:], a[nd:], b[nd:], self.A_log, self.dt_bias, self.recurrent_states,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from runtime import kernels
-from runtime.context import get_forward_context, update_in_waves
+from runtime.context import get_forward_context
 from runtime.layers.norm import RMSNorm
 
 
@@ -99,10 +99,8 @@ class Mamba1Mixer(nn.Module):
         nd, weight, bias = ctx.num_decodes, self.conv1d.weight.squeeze(1), self.conv1d.bias
         out = torch.empty_like(x)
         if nd:
-            def update(rows: slice, pages: torch.Tensor) -> None:
-                out[rows] = kernels.causal_conv1d_update(x[rows], weight, bias, self.conv_states, pages)
-
-            update_in_waves(ctx, self.group, (self.conv_states,), update)
+            pages, waves = ctx.decode_pages(self.group)
+            out[:nd] = kernels.causal_conv1d_update(x[:nd], weight, bias, self.conv_states, pages, waves=waves)
         if ctx.num_prefill_tokens:
             out[nd:] = kernels.causal_conv1d_fn(
                 x[nd:], weight, bias, self.conv_states, ctx.prefill_state_indices[self.group], ctx.mamba_prefill
@@ -118,11 +116,9 @@ class Mamba1Mixer(nn.Module):
         dt_bias = self.dt_proj.bias.float()
         y = torch.empty_like(x)
         if nd:
-            def update(rows: slice, pages: torch.Tensor) -> None:
-                kernels.selective_state_update_mamba1(self.ssm_states, x[rows], dt[rows], A, B[rows], C[rows], self.D,
-                                                      dt_bias, z[rows], pages, y[rows])
-
-            update_in_waves(ctx, self.group, (self.ssm_states,), update)
+            pages, waves = ctx.decode_pages(self.group)
+            kernels.selective_state_update_mamba1(self.ssm_states, x[:nd], dt[:nd], A, B[:nd], C[:nd], self.D,
+                                                  dt_bias, z[:nd], pages, y[:nd], waves=waves)
         if ctx.num_prefill_tokens:
             kernels.selective_scan(
                 x[nd:], dt[nd:], A, B[nd:], C[nd:], self.D, dt_bias, z[nd:], self.ssm_states,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from runtime import kernels
-from runtime.context import get_forward_context, update_in_waves
+from runtime.context import get_forward_context
 from runtime.kernels.common import NO_DT_LIMIT
 from runtime.layers.norm import GatedRMSNorm
 
@@ -94,11 +94,8 @@ class Mamba2Mixer(nn.Module):
         nd, weight, bias = ctx.num_decodes, self.conv1d.weight.squeeze(1), self.conv1d.bias
         decoded = prefilled = None
         if nd:
-            def update(rows: slice, pages: torch.Tensor) -> torch.Tensor:
-                return kernels.causal_conv1d_update(xbc[rows], weight, bias, self.conv_states, pages)
-
-            waves = update_in_waves(ctx, self.group, (self.conv_states,), update)
-            decoded = waves[0] if len(waves) == 1 else torch.cat(waves)
+            pages, waves = ctx.decode_pages(self.group)
+            decoded = kernels.causal_conv1d_update(xbc[:nd], weight, bias, self.conv_states, pages, waves=waves)
         if ctx.num_prefill_tokens:
             prefilled = kernels.causal_conv1d_fn(
                 xbc[nd:], weight, bias, self.conv_states, ctx.prefill_state_indices[self.group], ctx.mamba_prefill
@@ -115,11 +112,9 @@ class Mamba2Mixer(nn.Module):
         A = -torch.exp(self.A_log.float())
         y = torch.empty_like(x)
         if nd:
-            def update(rows: slice, pages: torch.Tensor) -> None:
-                kernels.selective_state_update(self.ssm_states, x[rows], dt[rows], A, B[rows], C[rows], self.D,
-                                               self.dt_bias, self.decode_dt_limit, pages, y[rows])
-
-            update_in_waves(ctx, self.group, (self.ssm_states,), update)
+            pages, waves = ctx.decode_pages(self.group)
+            kernels.selective_state_update(self.ssm_states, x[:nd], dt[:nd], A, B[:nd], C[:nd], self.D, self.dt_bias,
+                                           self.decode_dt_limit, pages, y[:nd], waves=waves)
         split = ctx.generated_split
         if ctx.num_prefill_tokens and (split is None or self.decode_dt_limit == self.dt_limit):
             kernels.ssd_scan(

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from runtime import kernels
-from runtime.context import get_forward_context, update_in_waves
+from runtime.context import get_forward_context
 
 
 class ShortConv(nn.Module):
@@ -38,10 +38,8 @@ class ShortConv(nn.Module):
         nd, weight, bias = ctx.num_decodes, self.conv.weight.squeeze(1), self.conv.bias
         y = bcx.new_empty(bcx.shape[0], self.hidden_size)
         if nd:
-            def update(rows: slice, pages: torch.Tensor) -> None:
-                y[rows] = kernels.short_conv_update(bcx[rows], weight, bias, self.conv_states, pages)
-
-            update_in_waves(ctx, self.group, (self.conv_states,), update)
+            pages, waves = ctx.decode_pages(self.group)
+            y[:nd] = kernels.short_conv_update(bcx[:nd], weight, bias, self.conv_states, pages, waves=waves)
         if ctx.num_prefill_tokens:
             y[nd:] = kernels.short_conv_fn(bcx[nd:], weight, bias, self.conv_states,
                                            ctx.prefill_state_indices[self.group], ctx.mamba_prefill)

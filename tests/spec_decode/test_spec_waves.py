@@ -43,5 +43,6 @@ def test_a_step_of_verifies_decodes_and_a_prompt_is_laid_out_in_waves():
     assert plan.logits_indices == [0, 3, 5, 1, 4, 2, 8]  # each sequence's rows in order, then the prompt's last
     assert plan.row_sequences() == [0, 1, 2, 0, 1, 0, 3, 3, 3]
     assert plan.sequence_major_rows() == [0, 3, 5, 1, 4, 2, 6, 7, 8]
-    # The state after each wave but a sequence's last is kept in the pages it borrowed (0: never written).
-    assert plan.wave_snapshot_pages == [[[90, 91], [70, 0]]]
+    # Each wave reads a sequence's state from one row and writes it to the next: the state after each wave but
+    # a sequence's last is kept in the pages it borrowed; its last wave writes its own page.
+    assert plan.wave_state_pages == [[[53, 51, 52], [90, 70, 52], [91, 51, 52], [53, 51, 52]]]

@@ -234,102 +234,146 @@ static inline void row_store(void *pool, int bf16, int64_t offset, const float *
     }
 }
 
+/* A verify's decode rows come in waves (runtime/waves.py): wave i is rows of the first waves[i] sequences,
+ * and sequence s reads its state from page slots[i][s] and writes it to slots[i + 1][s], so that the state
+ * after each of its positions lies in a page of its own. Without waves (NULL), one wave of num_seqs rows in
+ * place: slots is (S,). A sequence's waves run in order inside one work item, its state between them in
+ * the cache. */
+typedef struct {
+    const int64_t *slots, *waves;
+    int num_waves, num_seqs;
+} wave_chains;
+
+static wave_chains chains_of(const int64_t *slots, int num_seqs, const int64_t *waves, int num_waves) {
+    wave_chains c = {slots, waves, waves ? num_waves : 1, num_seqs};
+    return c;
+}
+
+static int in_wave(const wave_chains *c, int wave, int seq) {
+    return wave < c->num_waves && (c->waves ? seq < c->waves[wave] : 1);
+}
+
+static int64_t wave_source(const wave_chains *c, int wave, int seq) {
+    return c->slots[c->waves ? (int64_t)wave * c->num_seqs + seq : seq];
+}
+
+static int64_t wave_target(const wave_chains *c, int wave, int seq) {
+    return c->slots[c->waves ? (int64_t)(wave + 1) * c->num_seqs + seq : seq];
+}
+
+static int64_t wave_rows(const wave_chains *c, int wave) { return c->waves ? c->waves[wave] : c->num_seqs; }
+
 /* Mamba-2 decode. states: the pool, (slot, H, P, N) with (P, N) contiguous inside each head and
- * strides slot_stride, head_stride in elements. slots: (S,), -1 = padding (output zero, no access).
- * x: (S, H, P), dt: (S, H), B, C: (S, G, N), all float32 or all bfloat16 (in_bf16), each with its own
- * row stride and the rest contiguous (slices of the input projection and the conv output, read where
- * they lie); dt is raw: dt' = softplus(dt + dt_bias) (clamped to [dt_min, dt_max] if clamp) here, as
- * time_step. A: (H,); D: (H, P); dt_bias: (H,) or NULL, float32. y: (S, H, P) contiguous, float32 or
- * bfloat16 (y_bf16). One (sequence, head) per iteration: the state is read, decayed, updated, seen
- * through C and written back while it is in the cache. */
+ * strides slot_stride, head_stride in elements. slots: (S,), -1 = padding (output zero, no access), or a
+ * verify's page chains (waves, above). x: (R, H, P), dt: (R, H), B, C: (R, G, N) for R rows, all float32 or
+ * all bfloat16 (in_bf16), each with its own row stride and the rest contiguous (slices of the input
+ * projection and the conv output, read where they lie); dt is raw: dt' = softplus(dt + dt_bias) (clamped to
+ * [dt_min, dt_max] if clamp) here, as time_step. A: (H,); D: (H, P); dt_bias: (H,) or NULL, float32.
+ * y: (R, H, P) contiguous, float32 or bfloat16 (y_bf16). One (sequence, head) per iteration: the state is
+ * read, decayed, updated, seen through C and written back while it is in the cache. */
 void tandem_ssm_state_update(void *states, int bf16, int64_t slot_stride, int64_t head_stride,
-                             const int64_t *slots, int num_seqs, int num_heads, int head_dim, int d_state,
-                             int num_groups, int in_bf16, const void *x, int64_t x_stride, const void *dt,
-                             int64_t dt_stride, const float *dt_bias, int clamp, float dt_min, float dt_max,
-                             const float *A, const void *B, int64_t b_stride, const void *C, int64_t c_stride,
-                             const float *D, void *y, int y_bf16, int num_threads) {
+                             const int64_t *slots, int num_seqs, const int64_t *waves, int num_waves,
+                             int num_heads, int head_dim, int d_state, int num_groups, int in_bf16, const void *x,
+                             int64_t x_stride, const void *dt, int64_t dt_stride, const float *dt_bias, int clamp,
+                             float dt_min, float dt_max, const float *A, const void *B, int64_t b_stride,
+                             const void *C, int64_t c_stride, const float *D, void *y, int y_bf16,
+                             int num_threads) {
     const int heads_per_group = num_heads / num_groups;
+    const wave_chains chains = chains_of(slots, num_seqs, waves, num_waves);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t item = 0; item < (int64_t)num_seqs * num_heads; item++) {
         const int seq = (int)(item / num_heads), head = (int)(item % num_heads);
         const int group = head / heads_per_group;
-        float y_head[head_dim];
-        const int64_t slot = slots[seq];
-        if (slot < 0) {
-            memset(y_head, 0, sizeof y_head);
-            row_store(y, y_bf16, item * head_dim, y_head, head_dim);
-            continue;
+        int64_t seq_row = seq;
+        for (int wave = 0; in_wave(&chains, wave, seq); seq_row += wave_rows(&chains, wave), wave++) {
+            const int64_t row = seq_row * num_heads + head; /* in x and y, heads inside rows */
+            float y_head[head_dim];
+            const int64_t source = wave_source(&chains, wave, seq), target = wave_target(&chains, wave, seq);
+            if (source < 0) {
+                memset(y_head, 0, sizeof y_head);
+                row_store(y, y_bf16, row * head_dim, y_head, head_dim);
+                continue;
+            }
+            float raw, x_head[head_dim], b[d_state], c[d_state];
+            row_load(dt, in_bf16, seq_row * dt_stride + head, &raw, 1);
+            raw += dt_bias ? dt_bias[head] : 0.0f;
+            float step = raw > 20.0f ? raw : log1pf(expf(raw)); /* softplus, with torch's threshold */
+            if (clamp) step = fminf(fmaxf(step, dt_min), dt_max);
+            const float decay = expf(step * A[head]);
+            row_load(x, in_bf16, seq_row * x_stride + (int64_t)head * head_dim, x_head, head_dim);
+            row_load(B, in_bf16, seq_row * b_stride + (int64_t)group * d_state, b, d_state);
+            row_load(C, in_bf16, seq_row * c_stride + (int64_t)group * d_state, c, d_state);
+            const int64_t from = source * slot_stride + head * head_stride;
+            const int64_t to = target * slot_stride + head * head_stride;
+            float scratch[d_state];
+            const int64_t elem = bf16 ? 2 : 4;
+            /* The next item's state (this thread's next, under the static schedule) is fetched a row per row
+             * done here: items are slots scattered over the pool, where the hardware prefetcher does not
+             * follow. A verify's later waves read the page the last one wrote, in the cache. */
+            const int64_t next_seq = (item + 1) / num_heads, next_head = (item + 1) % num_heads;
+            const int64_t next = !waves && item + 1 < (int64_t)num_seqs * num_heads && slots[next_seq] >= 0
+                                     ? slots[next_seq] * slot_stride + next_head * head_stride : -1;
+            /* A float32 pool updated in place is updated where it lies; otherwise a row goes through float32
+             * scratch, read from the source page and written to the target. */
+            const int in_place = !bf16 && from == to;
+            for (int p = 0; p < head_dim; p++) {
+                const int64_t offset = (int64_t)p * d_state;
+                if (next >= 0)
+                    for (int64_t byte = 0; byte < d_state * elem; byte += 64)
+                        __builtin_prefetch((const char *)states + (next + (int64_t)p * d_state) * elem + byte);
+                float *state_row = in_place ? (float *)states + to + offset : scratch;
+                if (!in_place) row_load(states, bf16, from + offset, state_row, d_state);
+                const float acc = update_row(state_row, b, c, decay, x_head[p] * step, d_state);
+                if (!in_place) row_store(states, bf16, to + offset, state_row, d_state);
+                y_head[p] = acc + D[head * head_dim + p] * x_head[p];
+            }
+            row_store(y, y_bf16, row * head_dim, y_head, head_dim);
         }
-        float raw, x_head[head_dim], b[d_state], c[d_state];
-        row_load(dt, in_bf16, (int64_t)seq * dt_stride + head, &raw, 1);
-        raw += dt_bias ? dt_bias[head] : 0.0f;
-        float step = raw > 20.0f ? raw : log1pf(expf(raw)); /* softplus, with torch's threshold */
-        if (clamp) step = fminf(fmaxf(step, dt_min), dt_max);
-        const float decay = expf(step * A[head]);
-        row_load(x, in_bf16, (int64_t)seq * x_stride + (int64_t)head * head_dim, x_head, head_dim);
-        row_load(B, in_bf16, (int64_t)seq * b_stride + (int64_t)group * d_state, b, d_state);
-        row_load(C, in_bf16, (int64_t)seq * c_stride + (int64_t)group * d_state, c, d_state);
-        const int64_t base = slot * slot_stride + head * head_stride;
-        float scratch[d_state];
-        const int64_t elem = bf16 ? 2 : 4;
-        /* The next item's state (this thread's next, under the static schedule) is fetched a row per row done
-         * here: items are slots scattered over the pool, where the hardware prefetcher does not follow. */
-        const int64_t next_seq = (item + 1) / num_heads, next_head = (item + 1) % num_heads;
-        const int64_t next = item + 1 < (int64_t)num_seqs * num_heads && slots[next_seq] >= 0
-                                 ? slots[next_seq] * slot_stride + next_head * head_stride : -1;
-        for (int p = 0; p < head_dim; p++) {
-            const int64_t offset = base + (int64_t)p * d_state;
-            if (next >= 0)
-                for (int64_t byte = 0; byte < d_state * elem; byte += 64)
-                    __builtin_prefetch((const char *)states + (next + (int64_t)p * d_state) * elem + byte);
-            /* A float32 pool is updated where it lies; a bfloat16 row goes through float32 scratch. */
-            float *row = bf16 ? scratch : (float *)states + offset;
-            if (bf16) row_load(states, bf16, offset, row, d_state);
-            const float acc = update_row(row, b, c, decay, x_head[p] * step, d_state);
-            if (bf16) row_store(states, bf16, offset, row, d_state);
-            y_head[p] = acc + D[head * head_dim + p] * x_head[p];
-        }
-        row_store(y, y_bf16, item * head_dim, y_head, head_dim);
     }
 }
 
 /* Depthwise causal conv, one token per sequence. states: the pool, (slot, W-1, dim) with rows of
- * `dim` contiguous values, slot_stride in elements. x: (S, dim) float32 or bfloat16 (x_bf16), rows
- * x_stride apart (a slice of the input projection, read where it lies); out: (S, dim) contiguous, in x's
+ * `dim` contiguous values, slot_stride in elements. x: (R, dim) float32 or bfloat16 (x_bf16), rows
+ * x_stride apart (a slice of the input projection, read where it lies); out: (R, dim) contiguous, in x's
  * type; weight: (dim, W) float32; bias: (dim,) or NULL; silu: apply x * sigmoid(x). slots: (S,), -1 =
- * padding (output zero, no access).
+ * padding (output zero, no access), or a verify's page chains (waves, above).
  * The state shifts by one row: its oldest input leaves and x enters. */
-void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64_t *slots, int num_seqs, int dim,
-                        int width, const void *x, int x_bf16, int64_t x_stride, const float *weight, const float *bias,
-                        int silu, void *out, int num_threads) {
+void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64_t *slots, int num_seqs,
+                        const int64_t *waves, int num_waves, int dim, int width, const void *x, int x_bf16,
+                        int64_t x_stride, const float *weight, const float *bias, int silu, void *out,
+                        int num_threads) {
     const int block = 256; /* channels per work item: a few cache lines per state row */
     const int blocks = (dim + block - 1) / block;
+    const wave_chains chains = chains_of(slots, num_seqs, waves, num_waves);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t item = 0; item < (int64_t)num_seqs * blocks; item++) {
         const int seq = (int)(item / blocks);
         const int first = (int)(item % blocks) * block;
         const int count = dim - first < block ? dim - first : block;
-        const int64_t slot = slots[seq];
-        float o[block];
-        if (slot < 0) {
-            memset(o, 0, sizeof o);
-            row_store(out, x_bf16, (int64_t)seq * dim + first, o, count);
-            continue;
+        int64_t row = seq;
+        for (int wave = 0; in_wave(&chains, wave, seq); row += wave_rows(&chains, wave), wave++) {
+            const int64_t source = wave_source(&chains, wave, seq), target = wave_target(&chains, wave, seq);
+            float o[block];
+            if (source < 0) {
+                memset(o, 0, sizeof o);
+                row_store(out, x_bf16, row * dim + first, o, count);
+                continue;
+            }
+            float window[width][block];
+            for (int k = 0; k < width - 1; k++)
+                row_load(states, bf16, source * slot_stride + (int64_t)k * dim + first, window[k], count);
+            row_load(x, x_bf16, row * x_stride + first, window[width - 1], count);
+            for (int d = 0; d < count; d++) {
+                const float *w = weight + (int64_t)(first + d) * width;
+                float acc = bias ? bias[first + d] : 0.0f;
+                for (int k = 0; k < width; k++) acc += w[k] * window[k][d];
+                o[d] = acc;
+            }
+            if (silu) silu_inplace(o, count); /* vectorised: a scalar expf per channel was most of the step */
+            row_store(out, x_bf16, row * dim + first, o, count); /* out has x's type */
+            for (int k = 0; k < width - 1; k++)
+                row_store(states, bf16, target * slot_stride + (int64_t)k * dim + first, window[k + 1], count);
         }
-        float window[width][block];
-        for (int k = 0; k < width - 1; k++)
-            row_load(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k], count);
-        row_load(x, x_bf16, (int64_t)seq * x_stride + first, window[width - 1], count);
-        for (int d = 0; d < count; d++) {
-            const float *w = weight + (int64_t)(first + d) * width;
-            float acc = bias ? bias[first + d] : 0.0f;
-            for (int k = 0; k < width; k++) acc += w[k] * window[k][d];
-            o[d] = acc;
-        }
-        if (silu) silu_inplace(o, count); /* vectorised: a scalar expf per channel was most of the step */
-        row_store(out, x_bf16, (int64_t)seq * dim + first, o, count); /* out has x's type */
-        for (int k = 0; k < width - 1; k++)
-            row_store(states, bf16, slot * slot_stride + (int64_t)k * dim + first, window[k + 1], count);
     }
 }
 

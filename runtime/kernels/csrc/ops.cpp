@@ -106,6 +106,32 @@ class Args {
                          std::to_string(limit) + ")");
   }
 
+  // A decode kernel's pages: (rows,) without waves; with a verify's waves (runtime/waves.py), the page chains
+  // (waves + 1, sequences), sequences = waves[0], the waves positive, not growing and covering the rows.
+  // Returns the sequences.
+  int64_t chains(const Tensor &pages, const at::OptionalIntArrayRef &waves, int64_t rows, int64_t limit) const {
+    tensor("slots", pages, {ScalarType::Long}, waves.has_value() ? 2 : 1);
+    contiguous("slots", pages);
+    if (!waves.has_value()) {
+      shape("slots", pages, {rows});
+      slots("slots", pages, limit);
+      return rows;
+    }
+    const c10::IntArrayRef w = *waves;
+    TANDEM_REQUIRE(*this, !w.empty(), "waves", "must hold at least one wave");
+    int64_t total = 0;
+    for (size_t i = 0; i < w.size(); i++) {
+      TANDEM_REQUIRE(*this, w[i] > 0 && (i == 0 || w[i] <= w[i - 1]), "waves",
+                     "must be positive and must not grow, got " + c10::str(w));
+      total += w[i];
+    }
+    TANDEM_REQUIRE(*this, total == rows, "waves",
+                   "must add up to the rows of 'x', " + std::to_string(rows) + ", got " + c10::str(w));
+    shape("slots", pages, {static_cast<int64_t>(w.size()) + 1, w[0]});
+    slots("slots", pages, limit);
+    return w[0];
+  }
+
   // Token offsets of a batch of sequences: 0, non-decreasing, ending at `tokens`.
   void starts(const char *name, const Tensor &starts, int64_t tokens) const {
     const int32_t *values = starts.data_ptr<int32_t>();
@@ -132,43 +158,43 @@ int threads() { return at::get_num_threads(); }
 
 void ssm_state_update(const Tensor &states, const Tensor &slots, const Tensor &x, const Tensor &dt,
                       const OptionalTensor &dt_bias, bool clamp, double dt_min, double dt_max, const Tensor &A,
-                      const Tensor &B, const Tensor &C, const Tensor &D, const Tensor &y) {
+                      const Tensor &B, const Tensor &C, const Tensor &D, const Tensor &y,
+                      at::OptionalIntArrayRef waves) {
   const Args args("ssm_state_update");
   args.tensor("x", x, kNative, 3);
   args.tensor("B", B, kNative, 3);
-  const int64_t seqs = x.size(0), heads = x.size(1), head_dim = x.size(2), groups = B.size(1), d_state = B.size(2);
+  const int64_t rows = x.size(0), heads = x.size(1), head_dim = x.size(2), groups = B.size(1), d_state = B.size(2);
   args.contiguous_from("x", x, 1);
   args.tensor("states", states, kNative, 4);
   args.shape("states", states, {states.size(0), heads, head_dim, d_state});
   args.contiguous_from("states", states, 2);
-  args.tensor("slots", slots, {ScalarType::Long}, 1);
-  args.shape("slots", slots, {seqs});
-  args.contiguous("slots", slots);
+  const int64_t seqs = args.chains(slots, waves, rows, states.size(0));
   args.tensor("dt", dt, kNative, 2);
   args.same_dtype("dt", dt, x, "x");
-  args.shape("dt", dt, {seqs, heads});
+  args.shape("dt", dt, {rows, heads});
   args.contiguous_from("dt", dt, 1);
   args.optional("dt_bias", dt_bias, ScalarType::Float, {heads});
   args.tensor("A", A, {ScalarType::Float}, 1);
   args.shape("A", A, {heads});
   args.contiguous("A", A);
   args.same_dtype("B", B, x, "x");
-  args.shape("B", B, {seqs, groups, d_state});
+  args.shape("B", B, {rows, groups, d_state});
   args.contiguous_from("B", B, 1);
   TANDEM_REQUIRE(args, groups > 0 && heads % groups == 0, "B", "must have a number of groups that divides the heads");
   args.tensor("C", C, kNative, 3);
   args.same_dtype("C", C, x, "x");
-  args.shape("C", C, {seqs, groups, d_state});
+  args.shape("C", C, {rows, groups, d_state});
   args.contiguous_from("C", C, 1);
   args.tensor("D", D, {ScalarType::Float}, 2);
   args.shape("D", D, {heads, head_dim});
   args.contiguous("D", D);
   args.tensor("y", y, kNative, 3);
-  args.shape("y", y, {seqs, heads, head_dim});
+  args.shape("y", y, {rows, heads, head_dim});
   args.contiguous("y", y);
-  args.slots("slots", slots, states.size(0));
   tandem_ssm_state_update(states.data_ptr(), bf16(states), states.stride(0), states.stride(1),
-                          slots.data_ptr<int64_t>(), args.count("x", seqs), args.count("x", heads),
+                          slots.data_ptr<int64_t>(), args.count("waves", seqs),
+                          waves.has_value() ? waves->data() : nullptr,
+                          args.count("waves", waves.has_value() ? waves->size() : 1), args.count("x", heads),
                           args.count("x", head_dim), args.count("B", d_state), args.count("B", groups), bf16(x),
                           x.data_ptr(), x.stride(0), dt.data_ptr(), dt.stride(0), pointer<float>(dt_bias), clamp,
                           static_cast<float>(dt_min), static_cast<float>(dt_max), A.data_ptr<float>(), B.data_ptr(),
@@ -207,17 +233,16 @@ int64_t check_conv(const Args &args, const Tensor &x, const char *weight_name, c
 }
 
 void conv_update(const Tensor &states, const Tensor &slots, const Tensor &x, const Tensor &weight,
-                 const OptionalTensor &bias, bool silu, const Tensor &out) {
+                 const OptionalTensor &bias, bool silu, const Tensor &out, at::OptionalIntArrayRef waves) {
   const Args args("conv_update");
   const int64_t width = check_conv(args, x, "weight", weight, false, states, bias, out);
-  const int64_t seqs = x.size(0), dim = x.size(1);
-  args.tensor("slots", slots, {ScalarType::Long}, 1);
-  args.shape("slots", slots, {seqs});
-  args.contiguous("slots", slots);
-  args.slots("slots", slots, states.size(0));
+  const int64_t rows = x.size(0), dim = x.size(1);
+  const int64_t seqs = args.chains(slots, waves, rows, states.size(0));
   tandem_conv_update(states.data_ptr(), bf16(states), states.stride(0), slots.data_ptr<int64_t>(),
-                     args.count("x", seqs), args.count("x", dim), args.count("weight", width), x.data_ptr(), bf16(x),
-                     x.stride(0), weight.data_ptr<float>(), pointer<float>(bias), silu, out.data_ptr(), threads());
+                     args.count("waves", seqs), waves.has_value() ? waves->data() : nullptr,
+                     args.count("waves", waves.has_value() ? waves->size() : 1), args.count("x", dim),
+                     args.count("weight", width), x.data_ptr(), bf16(x), x.stride(0), weight.data_ptr<float>(),
+                     pointer<float>(bias), silu, out.data_ptr(), threads());
 }
 
 // The per-sequence arrays of a prefill: slots (int64), token offsets (int32), resume flags (uint8).
@@ -642,9 +667,9 @@ void lora_expand(const Tensor &s, const Tensor &lora_b, const Tensor &lora_bias,
 
 TORCH_LIBRARY(tandem, m) {
   m.def("ssm_state_update(Tensor(a!) states, Tensor slots, Tensor x, Tensor dt, Tensor? dt_bias, bool clamp, "
-        "float dt_min, float dt_max, Tensor A, Tensor B, Tensor C, Tensor D, Tensor(b!) y) -> ()");
+        "float dt_min, float dt_max, Tensor A, Tensor B, Tensor C, Tensor D, Tensor(b!) y, int[]? waves=None) -> ()");
   m.def("conv_update(Tensor(a!) states, Tensor slots, Tensor x, Tensor weight, Tensor? bias, bool silu, "
-        "Tensor(b!) out) -> ()");
+        "Tensor(b!) out, int[]? waves=None) -> ()");
   m.def("ssm_scan(Tensor(a!) states, Tensor slots, Tensor starts, Tensor resume, Tensor x, Tensor dt, "
         "Tensor decays, Tensor B, Tensor C, Tensor D, Tensor(b!) y) -> ()");
   m.def("conv_fn(Tensor(a!) states, Tensor slots, Tensor starts, Tensor resume, Tensor x, Tensor weight_t, "

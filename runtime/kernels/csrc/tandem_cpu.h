@@ -18,14 +18,16 @@ extern "C" {
 #endif
 
 void tandem_ssm_state_update(void *states, int bf16, int64_t slot_stride, int64_t head_stride,
-                             const int64_t *slots, int num_seqs, int num_heads, int head_dim, int d_state,
-                             int num_groups, int in_bf16, const void *x, int64_t x_stride, const void *dt,
-                             int64_t dt_stride, const float *dt_bias, int clamp, float dt_min, float dt_max,
-                             const float *A, const void *B, int64_t b_stride, const void *C, int64_t c_stride,
-                             const float *D, void *y, int y_bf16, int num_threads);
-void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64_t *slots, int num_seqs, int dim,
-                        int width, const void *x, int x_bf16, int64_t x_stride, const float *weight,
-                        const float *bias, int silu, void *out, int num_threads);
+                             const int64_t *slots, int num_seqs, const int64_t *waves, int num_waves,
+                             int num_heads, int head_dim, int d_state, int num_groups, int in_bf16, const void *x,
+                             int64_t x_stride, const void *dt, int64_t dt_stride, const float *dt_bias, int clamp,
+                             float dt_min, float dt_max, const float *A, const void *B, int64_t b_stride,
+                             const void *C, int64_t c_stride, const float *D, void *y, int y_bf16,
+                             int num_threads);
+void tandem_conv_update(void *states, int bf16, int64_t slot_stride, const int64_t *slots, int num_seqs,
+                        const int64_t *waves, int num_waves, int dim, int width, const void *x, int x_bf16,
+                        int64_t x_stride, const float *weight, const float *bias, int silu, void *out,
+                        int num_threads);
 void tandem_ssm_scan(void *states, int bf16, int64_t slot_stride, int64_t head_stride, const int64_t *slots,
                      const int32_t *starts, const uint8_t *resume, int num_seqs, int num_heads, int head_dim,
                      int d_state, int num_groups, const void *x, int x_bf16, int64_t x_stride, const float *dt,
