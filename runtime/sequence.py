@@ -61,6 +61,7 @@ class Sequence:
     speculates: bool = False
     # (steps left without proposals, the next such pause): drafts that keep failing pause (Speculator.settle).
     spec_backoff: tuple[int, int] = (0, 0)
+    prompt_lookup: Any = None  # runtime.spec_decode.ngram.PromptLookup: its tokens' positions, kept between steps
     # The request's LoRARequest, or None for the base model.
     lora_request: Any = None
 

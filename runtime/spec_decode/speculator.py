@@ -65,7 +65,9 @@ class Speculator:
         """Up to `room` drafts for a sequence that may speculate (a subclass proposes otherwise)."""
         # After drafts failed, only the longest match proposes (see FIRST_PAUSE above).
         low = self.config.prompt_lookup_max if seq.spec_backoff[1] else self.config.prompt_lookup_min
-        return ngram.propose(seq.token_ids, room, low, self.config.prompt_lookup_max)
+        if seq.prompt_lookup is None:
+            seq.prompt_lookup = ngram.PromptLookup()
+        return seq.prompt_lookup.propose(seq.token_ids, room, low, self.config.prompt_lookup_max)
 
     def _room(self, seq: Sequence) -> int:
         """How many drafts `seq` may have this step (0: none)."""

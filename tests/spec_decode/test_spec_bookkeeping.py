@@ -1,6 +1,6 @@
 """Prompt lookup and acceptance, as plain Python (runtime/spec_decode/ngram.py and verify.py)."""
 
-from runtime.spec_decode.ngram import propose
+from runtime.spec_decode.ngram import PromptLookup, propose
 from runtime.spec_decode.verify import SpecCounters, num_accepted
 
 
@@ -58,6 +58,22 @@ def test_propose_equals_the_definition_on_random_sequences():
         low = rng.randrange(1, 4)
         high, k = rng.randrange(low, 6), rng.randrange(1, 6)
         assert propose(tokens, k, low, high) == brute_force(tokens, k, low, high), (tokens, k, low, high)
+
+
+def test_a_lookup_kept_between_steps_equals_the_definition_as_its_sequence_grows():
+    import random
+
+    rng = random.Random(1)
+    for _ in range(200):
+        lookup, vocab = PromptLookup(), rng.randrange(1, 8)
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 10))]
+        for _ in range(30):  # a step: propose, then the sequence gains a token or a few (accepted drafts)
+            low = rng.randrange(1, 4)
+            high, k = rng.randrange(low, 6), rng.randrange(1, 6)
+            assert lookup.propose(tokens, k, low, high) == brute_force(tokens, k, low, high), tokens
+            tokens = tokens + [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]
+        shorter = tokens[: len(tokens) // 3]  # not this sequence any more: the lookup starts over
+        assert lookup.propose(shorter, 4, 1, 3) == brute_force(shorter, 4, 1, 3)
 
 
 def test_drafts_that_failed_pause_then_only_the_longest_match_proposes():
