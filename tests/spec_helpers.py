@@ -3,6 +3,7 @@ each step holds, the comparison of outputs with a reference, the counters' check
 and rejected, and the checkpoints they build: a perturbed copy of a model (a draft model) and `mtp.*` heads
 written into a Qwen3-Next/Qwen3.5 one."""
 
+import json
 import shutil
 
 import torch
@@ -83,3 +84,34 @@ def add_mtp_head(directory, attention_layer: int, scale: float = 0.05, seed: int
 # the echo: embeddings scaled by it and the LM head set to them, so that the target repeats its last token
 # some of the time (a draft holds) and not at other times (it is rejected).
 ATTENTION_LAYER = {"qwen3_next": (1, 12.0), "qwen3_5": (1, 20.0), "qwen3_5_moe": (3, 12.0)}
+
+
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+
+
+def quantize_fp8_blocks(directory, block: int = 32) -> list[str]:
+    """Rewrite the checkpoint as Qwen3-Next's FP8 release is written (`quant_method: fp8`, e4m3 weights with a
+    float32 `weight_scale_inv` per block x block, scale = max|w| / 448): every 2-D weight of the decoder layers
+    and of the MTP head's (`mtp.fc` and `mtp.layers.*`), routers and gates excepted. Returns the names
+    quantized."""
+    path = directory / "model.safetensors"
+    tensors, quantized = load_file(path), []
+    for name in sorted(tensors):
+        w = tensors[name]
+        linear = name.endswith(".weight") and w.dim() == 2 and (".layers." in name or name.startswith("mtp.fc"))
+        if not linear or name.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "norm.weight")):
+            continue
+        n, k = w.shape
+        padded = torch.zeros(-(-n // block) * block, -(-k // block) * block)
+        padded[:n, :k] = w.float()
+        tiles = padded.view(padded.shape[0] // block, block, padded.shape[1] // block, block)
+        scale = tiles.abs().amax(dim=(1, 3)) / FP8_MAX
+        q = (tiles / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(padded.shape)[:n, :k].contiguous()
+        tensors[name], tensors[name[: -len("weight")] + "weight_scale_inv"] = q, scale
+        quantized.append(name)
+    save_file(tensors, path, metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "weight_block_size": [block, block]}
+    (directory / "config.json").write_text(json.dumps(config))
+    return quantized

@@ -68,8 +68,6 @@ def check_mtp_config(config) -> None:
                          f"and {config.declaration.architecture} has none; {instead}")
     if gguf_path(config.model) is not None:
         raise ValueError(f"{method} reads the head from safetensors checkpoints, not GGUF files; {instead}")
-    if config.checkpoint_quantization is not None:
-        raise ValueError(f"{method} does not read a quantized checkpoint's head yet; {instead}")
     require_mtp_tensors(config.model_dir)  # before the model loads, not after
 
 
@@ -78,7 +76,8 @@ class MTPSpeculator(Speculator):
         super().__init__(engine_config.speculative, engine_config.cache.num_state_groups, max_model_len)
         self.model = runner.model
         configured = engine_config.hf_config.first(*LAYER_KEYS)
-        self.head = self.model.load_mtp_head(engine_config.model_dir, int(configured) if configured else None)
+        self.head = self.model.load_mtp_head(engine_config.model_dir, int(configured) if configured else None,
+                                             engine_config.checkpoint_quantization)
         # Under tensor parallelism the model's embedding and LM head are shards, whose forward passes are
         # collectives: the head uses whole copies (runtime/models/qwen3_next/mtp.py).
         vocabulary = self.head.vocabulary

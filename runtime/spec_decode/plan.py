@@ -93,6 +93,9 @@ def mtp_report(config: Any) -> dict[str, Any]:
     max_model_len = config.derived_max_model_len
     return {"num_layers": num_layers, "num_layers_from": "config" if configured else "assumed",
             "dedicated_embedding": dedicated, "weight_dtype": config.model_dtype, "weight_bytes": weight_bytes,
+            # The file decides which of the head's linears a quantized checkpoint quantizes: the bytes are an upper
+            # bound there.
+            "weight_bytes_at_most": config.checkpoint_quantization is not None,
             "num_kv_heads": dims.num_kv_heads, "head_size": dims.head_dim, "kv_dtype": config.model_dtype,
             "kv_bytes_per_token": per_token, "max_model_len": max_model_len,
             "kv_bytes_per_sequence": per_token * max_model_len,
@@ -161,8 +164,11 @@ def _format_mtp_head(h: dict[str, Any], size) -> list[str]:
         layers += " (assumed: config.json names none, the checkpoint's mtp.layers.N decide)"
     embedding = "an embedding of its own and the model's LM head" if h["dedicated_embedding"] else \
         "the model's embeddings and LM head"
+    weights = f"{size(h['weight_bytes'])} in {h['weight_dtype']}"
+    if h["weight_bytes_at_most"]:
+        weights = f"at most {weights} (less: the checkpoint's quantized linears stay in its format)"
     lines = [f"  mtp head     {layers} of full attention and the model's MLP or experts, with fc and norms: weights "
-             f"{size(h['weight_bytes'])} in {h['weight_dtype']}, besides the model's; it reads {embedding}",
+             f"{weights}, besides the model's; it reads {embedding}",
              f"  head K/V     its own, outside the page pool: {plural(h['num_kv_heads'], 'KV head')} x {h['head_size']}, "
              f"{h['kv_dtype']}: {h['kv_bytes_per_token']:,} B per token",
              f"               a sequence of {plural(h['max_model_len'], 'token')} holds "

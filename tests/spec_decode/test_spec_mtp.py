@@ -16,11 +16,14 @@ import random
 import pytest
 import torch
 from spec_helpers import (ATTENTION_LAYER, add_mtp_head, assert_drafts_accepted_and_rejected, assert_same_outputs,
-                          run_watching_steps)
+                          quantize_fp8_blocks, run_watching_steps)
 from tiny_models import build_deltanet_model
 
 from runtime import LLM, SamplingParams
 from runtime.cli import main
+from runtime.config import EngineConfig
+from runtime.layers.quantized import QuantLinear, weight_bytes
+from runtime.plan import build_report, format_report
 
 SPEC = {"method": "mtp", "num_speculative_tokens": 2}
 _rng = random.Random(3)
@@ -64,6 +67,31 @@ def test_greedy_tokens_and_logprobs_equal_without_speculation(checkpoint):
     assert_drafts_accepted_and_rejected(llm)
     assert mixed, "no step held a verify, a plain decode and a prefill chunk together"
     assert_released(llm)
+
+
+def test_a_head_published_in_fp8_blocks_runs_quantized(tmp_path, tokenizer_dir):
+    """Qwen3-Next's FP8 release quantizes the head with the model: its linears load as QuantLinears in the
+    checkpoint's format, it proposes drafts that hold and fail, and the tokens equal decoding without them."""
+    build_deltanet_model("qwen3_next", tmp_path, tokenizer_dir)
+    layer, echo = ATTENTION_LAYER["qwen3_next"]
+    add_mtp_head(tmp_path, layer, echo=echo)
+    quantized = quantize_fp8_blocks(tmp_path)
+    reference = LLM(tmp_path, dtype="float32", max_num_batched_tokens=BUDGET).generate(PROMPTS, PARAMS,
+                                                                                       use_tqdm=False)
+    llm = LLM(tmp_path, dtype="float32", max_num_batched_tokens=BUDGET, speculative_config=SPEC)
+    head = llm.engine.speculator.head
+    in_head = {"mtp." + name for name, m in head.named_modules() if isinstance(m, QuantLinear)}
+    assert in_head == {name[: -len(".weight")] for name in quantized if name.startswith("mtp.")}
+    assert "mtp.fc" in in_head and any(".experts." in name or "mlp." in name for name in in_head)
+    outputs, _ = run_watching_steps(llm, PROMPTS, PARAMS)
+    assert_same_outputs(outputs, reference)
+    assert_drafts_accepted_and_rejected(llm)
+    assert_released(llm)
+    # The plan reads config.json alone: the head's bytes in the model's dtype bound the quantized head's.
+    config = EngineConfig(str(tmp_path), dtype="float32", speculative_config=SPEC)
+    report = build_report(config, None, None)
+    assert weight_bytes(head) < report["speculative"]["mtp"]["weight_bytes"]
+    assert "weights at most " in format_report(report)
 
 
 def test_with_prefix_caching(checkpoint):

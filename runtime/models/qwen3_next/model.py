@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -99,11 +100,12 @@ class Qwen3NextForCausalLM(CausalLM):
     def input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
 
-    def load_mtp_head(self, model_dir: Path, configured_layers: int | None) -> nn.Module:
-        """The checkpoint's multi-token-prediction head, for speculative decoding (runtime/spec_decode/mtp.py)."""
+    def load_mtp_head(self, model_dir: Path, configured_layers: int | None, quant: Any = None) -> nn.Module:
+        """The checkpoint's multi-token-prediction head, for speculative decoding (runtime/spec_decode/mtp.py);
+        `quant`: the checkpoint's quantization (runtime.quant.config.CheckpointQuant), if it has one."""
         from runtime.models.qwen3_next.mtp import load_mtp_head
 
-        return load_mtp_head(self, model_dir, configured_layers)
+        return load_mtp_head(self, model_dir, configured_layers, quant)
 
     def checkpoint_name(self, name: str) -> str | None:
         # The multi-token-prediction head (`mtp.*`) is loaded by load_mtp_head only when it speculates (HF skips it).

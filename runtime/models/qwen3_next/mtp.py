@@ -10,6 +10,10 @@ then predicts the token at p + 2. For more drafts the head runs again on its own
 Its attention has a cache of its own (HeadKV: one contiguous K and V per sequence, outside the page pool),
 filled with the positions the head has run on; runtime/spec_decode/mtp.py owns it.
 
+A quantized checkpoint's head is read as the model is (runtime/quant/loading.py): each linear whose `mtp.*`
+tensors carry a scale is a QuantLinear in the checkpoint's format (Qwen3-Next's FP8 release quantizes the head's
+attention and experts), the rest in the model's dtype.
+
 With more than one process the head runs unsharded in rank 0's process alone, on the final hidden states rank
 0 holds whole: after the all-reduce under tensor parallelism, sent by the last stage under pipeline parallelism.
 The model's embedding and LM head there are vocabulary shards whose forward passes are collectives the other
@@ -28,9 +32,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from runtime.layers.gated_attention import ZeroCenteredRMSNorm
+from runtime.layers.quantized import QuantLinear
 from runtime.loader import checkpoint_files, read_tensors
 from runtime.models.interface import LayerKind
 from runtime.options import spell
+from runtime.quant.config import CheckpointQuant
+from runtime.quant.convert import QUANT_SUFFIXES, SKIPPED, QuantTensorError, convert
+from runtime.quant.loading import MARKERS
 
 PREFIX = "mtp."
 DEDICATED_EMBEDDING = "mtp.embed_tokens.weight"  # Qwen3.5's mtp_use_dedicated_embeddings
@@ -148,9 +156,11 @@ def require_mtp_tensors(model_dir: Path) -> None:
                          '{"method": "ngram", ...}')
 
 
-def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | None) -> Qwen3NextMTP:
-    """The head of the checkpoint in `model_dir`, on the target model's device and dtype. A checkpoint
-    without `mtp.*` tensors, or with other ones than the head has, raises ValueError."""
+def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | None,
+                  quant: CheckpointQuant | None = None) -> Qwen3NextMTP:
+    """The head of the checkpoint in `model_dir`, on the target model's device and dtype, its quantized linears
+    in `quant`'s formats. A checkpoint without `mtp.*` tensors, or with other ones than the head has, raises
+    ValueError."""
     require_mtp_tensors(model_dir)
     tensors = _mtp_tensors(model_dir)
     indices = {int(m.group(1)) for name in tensors if (m := re.match(r"mtp\.layers\.(\d+)\.", name))}
@@ -161,6 +171,7 @@ def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | No
     with torch.device(weight.device):
         head = Qwen3NextMTP(model.config, type(model).decoder_layer, num_layers, DEDICATED_EMBEDDING in tensors)
     head.to(weight.dtype)
+    _load_quantized_linears(head, tensors, quant, weight.dtype, weight.device)
     params = dict(head.named_parameters())
     unexpected = sorted(name for name in tensors if name[len(PREFIX):] not in params)
     missing = sorted(name for name in params if PREFIX + name not in tensors)
@@ -179,6 +190,36 @@ def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | No
     if sharded or not isinstance(model.lm_head, nn.Linear):  # the first pipeline stage has no LM head
         head.vocabulary = _whole_vocabulary(model, model_dir, weight.dtype, weight.device)
     return head.eval()
+
+
+def _load_quantized_linears(head: Qwen3NextMTP, tensors: dict[str, torch.Tensor], quant: CheckpointQuant | None,
+                            dtype: torch.dtype, device: torch.device) -> None:
+    """Swap each of the head's linears that the checkpoint holds quantized for a QuantLinear, taking its tensors
+    out of `tensors`; all are converted before any is swapped in (nothing half-loaded)."""
+    built = {}
+    for name, module in head.named_modules():
+        prefix = PREFIX + name
+        if not isinstance(module, nn.Linear) or not any(f"{prefix}.{marker}" in tensors for marker in MARKERS):
+            continue
+        fmt = None if quant is None else quant.fp8 or quant.format_for(prefix, module)
+        if fmt is None:
+            raise QuantTensorError(f"{prefix}: the checkpoint holds it quantized, but config.json's "
+                                   f"quantization_config does not quantize it; does config.json match the weights?")
+        parts = {suffix: tensors.pop(f"{prefix}.{suffix}") for suffix in ("weight", "bias", *QUANT_SUFFIXES)
+                 if f"{prefix}.{suffix}" in tensors}
+        bias = parts.pop("bias", None)
+        if (bias is None) != (module.bias is None):
+            raise QuantTensorError(f"{prefix}.bias: the head's layer {'has no' if module.bias is None else 'has'} "
+                                   f"bias but the checkpoint {'holds one' if module.bias is None else 'lacks it'}")
+        kept = {suffix: t for suffix, t in parts.items() if suffix not in SKIPPED}
+        qweight, scales, group_size, offsets = convert(prefix, fmt, kept, module.out_features, module.in_features)
+        built[name] = QuantLinear.loaded(module.in_features, fmt.describe(), dtype, qweight.to(device),
+                                         scales.to(device), group_size,
+                                         None if offsets is None else offsets.to(device),
+                                         None if bias is None else bias.to(device))
+    for name, linear in built.items():
+        parent, _, child = name.rpartition(".")
+        setattr(head.get_submodule(parent), child, linear)
 
 
 def _whole_vocabulary(model: nn.Module, model_dir: Path, dtype: torch.dtype, device: torch.device) -> WholeVocabulary:
