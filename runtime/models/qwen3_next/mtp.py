@@ -11,8 +11,8 @@ Its attention has a cache of its own (HeadKV: one contiguous K and V per sequenc
 filled with the positions the head has run on; runtime/spec_decode/mtp.py owns it.
 
 A quantized checkpoint's head is read as the model is (runtime/quant/loading.py): each linear whose `mtp.*`
-tensors carry a scale is a QuantLinear in the checkpoint's format (Qwen3-Next's FP8 release quantizes the head's
-attention and experts), the rest in the model's dtype.
+tensors carry a scale is a QuantLinear in the checkpoint's format (Qwen's FP8 releases ship the head beside the
+model, its experts in FP8 blocks in some), the rest in the model's dtype.
 
 With more than one process the head runs unsharded in rank 0's process alone, on the final hidden states rank
 0 holds whole: after the all-reduce under tensor parallelism, sent by the last stage under pipeline parallelism.
