@@ -136,7 +136,7 @@ def selective_state_update_native(
     clamp = tuple(dt_limit) != NO_DT_LIMIT
     _ops().ssm_state_update(ssm_states, state_indices.to(torch.int64).contiguous(), x, dt, _float32(dt_bias), clamp,
                             *(dt_limit if clamp else (0.0, 0.0)), _float32(A), B, C, _float32(per_channel), y,
-                            waves=_waves(waves))
+                            waves=waves)
     return out if y is out else out.copy_(y)
 
 
@@ -168,12 +168,9 @@ def causal_conv1d_update_native(
     source = x if x.dtype in NATIVE_DTYPES and x.stride(1) == 1 else x.float().contiguous()
     out = torch.empty(source.shape, dtype=source.dtype)
     _ops().conv_update(conv_states, state_indices.to(torch.int64).contiguous(), source, _float32(weight),
-                       _float32(bias), activation is not None, out, waves=_waves(waves))
+                       _float32(bias), activation is not None, out, waves=waves)
     return out.to(x.dtype)
 
-
-def _waves(waves: Sequence[int] | None) -> list[int] | None:
-    return None if waves is None else list(waves)
 
 
 def ssd_scan_native(

@@ -180,10 +180,11 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
                     /* Into L2 for blocks of 4 features (two rows of x; 16 x 8192 x 2048 int4 weights from
                      * memory, 2 threads of an AVX-512 EPYC: 9.2-10.1 ms into L1, 6.5-7.3 into L2), into L1 for
                      * one feature at a time (one row of x), which measured slower into L2. */
-                    if (((k / 2) & 63) == 0 && ROWS >= 4)
-                        _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / 2), _MM_HINT_T1);
-                    else if (((k / 2) & 63) == 0)
-                        _mm_prefetch((const char *)(w + (n + r + ROWS) * row_bytes + k / 2), _MM_HINT_T0);
+                    if (((k / 2) & 63) == 0) {
+                        const char *line = (const char *)(w + (n + r + ROWS) * row_bytes + k / 2);
+                        if (ROWS >= 4) _mm_prefetch(line, _MM_HINT_T1);
+                        else _mm_prefetch(line, _MM_HINT_T0);
+                    }
                     const __m512i bytes = _mm512_cvtepu8_epi16(
                         _mm256_loadu_si256((const __m256i *)(w + (n + r) * row_bytes + k / 2)));
                     /* vpermw reads the low 5 bits of each index: the table repeats its 16 values */

@@ -32,12 +32,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from runtime.layers.gated_attention import ZeroCenteredRMSNorm
-from runtime.layers.quantized import QuantLinear
 from runtime.loader import checkpoint_files, read_tensors
 from runtime.models.interface import LayerKind
 from runtime.options import spell
 from runtime.quant.config import CheckpointQuant
-from runtime.quant.convert import QUANT_SUFFIXES, SKIPPED, QuantTensorError, convert
+from runtime.quant import loading as quant_loading
+from runtime.quant.convert import QuantTensorError
 from runtime.quant.loading import MARKERS
 
 PREFIX = "mtp."
@@ -171,7 +171,7 @@ def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | No
     with torch.device(weight.device):
         head = Qwen3NextMTP(model.config, type(model).decoder_layer, num_layers, DEDICATED_EMBEDDING in tensors)
     head.to(weight.dtype)
-    _load_quantized_linears(head, tensors, quant, weight.dtype, weight.device)
+    _load_quantized_linears(head, tensors, quant, weight.device)
     params = dict(head.named_parameters())
     unexpected = sorted(name for name in tensors if name[len(PREFIX):] not in params)
     missing = sorted(name for name in params if PREFIX + name not in tensors)
@@ -193,10 +193,11 @@ def load_mtp_head(model: nn.Module, model_dir: Path, configured_layers: int | No
 
 
 def _load_quantized_linears(head: Qwen3NextMTP, tensors: dict[str, torch.Tensor], quant: CheckpointQuant | None,
-                            dtype: torch.dtype, device: torch.device) -> None:
-    """Swap each of the head's linears that the checkpoint holds quantized for a QuantLinear, taking its tensors
-    out of `tensors`; all are converted before any is swapped in (nothing half-loaded)."""
-    built = {}
+                            device: torch.device) -> None:
+    """Swap each of the head's linears that the checkpoint holds quantized for a QuantLinear, as the model's
+    loader does (runtime/quant/loading.py: placeholders, then all converted before any is swapped in), taking
+    their tensors out of `tensors`."""
+    chosen = {}
     for name, module in head.named_modules():
         prefix = PREFIX + name
         if not isinstance(module, nn.Linear) or not any(f"{prefix}.{marker}" in tensors for marker in MARKERS):
@@ -205,21 +206,14 @@ def _load_quantized_linears(head: Qwen3NextMTP, tensors: dict[str, torch.Tensor]
         if fmt is None:
             raise QuantTensorError(f"{prefix}: the checkpoint holds it quantized, but config.json's "
                                    f"quantization_config does not quantize it; does config.json match the weights?")
-        parts = {suffix: tensors.pop(f"{prefix}.{suffix}") for suffix in ("weight", "bias", *QUANT_SUFFIXES)
-                 if f"{prefix}.{suffix}" in tensors}
-        bias = parts.pop("bias", None)
-        if (bias is None) != (module.bias is None):
-            raise QuantTensorError(f"{prefix}.bias: the head's layer {'has no' if module.bias is None else 'has'} "
-                                   f"bias but the checkpoint {'holds one' if module.bias is None else 'lacks it'}")
-        kept = {suffix: t for suffix, t in parts.items() if suffix not in SKIPPED}
-        qweight, scales, group_size, offsets = convert(prefix, fmt, kept, module.out_features, module.in_features)
-        built[name] = QuantLinear.loaded(module.in_features, fmt.describe(), dtype, qweight.to(device),
-                                         scales.to(device), group_size,
-                                         None if offsets is None else offsets.to(device),
-                                         None if bias is None else bias.to(device))
-    for name, linear in built.items():
-        parent, _, child = name.rpartition(".")
-        setattr(head.get_submodule(parent), child, linear)
+        chosen[name] = fmt
+    if not chosen:
+        return
+    pending = quant_loading.install(head, chosen)
+    for name in [n for n in tensors if n.startswith(PREFIX)]:
+        if quant_loading.route(pending, name[len(PREFIX):], name, lambda t=tensors[name]: t):
+            del tensors[name]
+    quant_loading.finish(head, pending, device)
 
 
 def _whole_vocabulary(model: nn.Module, model_dir: Path, dtype: torch.dtype, device: torch.device) -> WholeVocabulary:
