@@ -304,14 +304,15 @@ INT4_STEPS = [(n, k, g) for n, k, g in ((9, 32, 32), (9, 48, 48), (11, 80, 32), 
 @native
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16])
 @pytest.mark.parametrize("n, k, group_size", INT4_STEPS + [(5, 128, 64), (7, 200, 128), (3, 64, 64), (9, 127, 127),
-                                                    (9, 256, 128), (5, 384, 256), (3, 128, 128), (4, 640, 640)])
+                                                    (9, 256, 128), (5, 384, 256), (3, 128, 128), (4, 640, 640),
+                                                    (5, 256, 32), (6, 384, 64), (3, 128, 32)])
 @pytest.mark.parametrize("offsets", [False, True])
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_int4_steps_of_two_and_four_blocks_match_the_reference(rows, n, k, group_size, offsets, x_dtype):
     """Also with x of bfloat16 values (a bfloat16 model's activations, which the launcher hands over as float32):
     where the CPU has AVX-512 BF16, int4 groups of multiples of 64 then run four blocks a step in bfloat16, and one
-    row of x with K and the groups multiples of 128 eight blocks a step (256 / 128, 384 / 256 with a last group of
-    one step, 128 / 128, one group of 640)."""
+    row of x with K a multiple of 128 eight blocks a step, groups of multiples of 128 (256 / 128, 384 / 256 with a
+    last group of one step, 128 / 128, one group of 640) or of 32 and 64 (GGUF's) scaled lane by lane."""
     generator = torch.Generator().manual_seed(rows * 7 + n * 100 + k)
     q, scales, shifts = random_format("int4", n, k, group_size, offsets, generator)
     x = torch.randn(rows, k, generator=generator).to(x_dtype).float()

@@ -36,10 +36,17 @@
 #define QUANT_X_ROWS 4
 #define QUANT_ACCUMULATORS 8
 
-/* Whether one row of x against int4 weights runs quant_int4_wide's steps of eight blocks: K and the groups whole
- * steps of 128 values. */
-static inline int quant_wide(int M, int group_size, int K) {
-    return M == 1 && K % 128 == 0 && (group_size % 128 == 0 || group_size >= K);
+/* Whether one row of x against int4 weights runs quant_int4_wide's steps of eight blocks (with AVX-512 BF16, and x
+ * of bfloat16 values): K whole steps of 128 values, and the groups whole steps too or 32 or 64 values (GGUF's Q4_0
+ * and Q4_K are groups of 32). */
+static inline int quant_wide(int format, int M, int group_size, int K) {
+#if defined(__AVX512BF16__)
+    return format == TANDEM_QUANT_INT4 && M == 1 && K % 128 == 0 &&
+           (group_size % 128 == 0 || group_size >= K || group_size == 32 || group_size == 64);
+#else
+    (void)format, (void)M, (void)group_size, (void)K;
+    return 0;
+#endif
 }
 
 /* FP8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m * 2^-9). */
@@ -269,16 +276,44 @@ static inline __attribute__((always_inline)) void quant_block(const uint8_t *w, 
 }
 
 #if defined(__AVX512BF16__)
-/* Row n of int4 W against one row of x (bfloat16 values, in quant_pack_bf16's wide order), K and the groups whole
- * steps of 128 values (quant_wide). A step is 64 bytes, eight blocks: each 16-bit word holds four nibbles, and
- * vpermw looks each up straight from the word shifted by 0, 4, 8 and 12 (it reads an index's low 5 bits, and the
- * table repeats its 16 values), with no widening; four sums, each its own chain of vdpbf16ps, scaled into four
- * totals at each group's end. One chain, as quant_block's steps run for one feature, waits out the latency of
- * vdpbf16ps every step. */
+/* quant_int4_wide for groups of 32 or 64 values (4 or 2 a step), which end inside a step: lane l of a step's sums
+ * holds words 2l and 2l + 1, both of block l / 2, so each step's sums are scaled lane by lane, by the scale of its
+ * block's group. scales: the row's. */
+static float quant_int4_wide_lanes(const uint8_t *row, int64_t row_bytes, const float *scales, int group, int K,
+                                   const uint16_t *xbf) {
+    __m512 total[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) total[j] = _mm512_setzero_ps();
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i lane_group = _mm512_srli_epi32(lane, group == 32 ? 2 : 3); /* each lane's group in the step */
+    const __mmask8 step_groups = group == 32 ? 0xf : 0x3;
+    for (int k = 0; k < K; k += 128) {
+        _mm_prefetch((const char *)(row + row_bytes + k / 2), _MM_HINT_T0);
+        const __m512i words = _mm512_loadu_si512((const void *)(row + k / 2));
+        const __m512 scale = _mm512_permutexvar_ps(
+            lane_group, _mm512_castps128_ps512(_mm_maskz_loadu_ps(step_groups, scales + k / group)));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m512i nibbles = j ? _mm512_srli_epi16(words, 4 * j) : words;
+            const __m512bh values = (__m512bh)_mm512_permutexvar_epi16(nibbles, QUANT_NIBBLES_BF16);
+            const __m512bh xs = (__m512bh)_mm512_loadu_si512((const void *)(xbf + k + 32 * j));
+            total[j] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), values, xs), scale, total[j]);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(total[0], total[1]), _mm512_add_ps(total[2], total[3])));
+}
+
+/* Row n of int4 W against one row of x (bfloat16 values, in quant_pack_bf16's wide order), K and the groups as
+ * quant_wide says. A step is 64 bytes, eight blocks: each 16-bit word holds four nibbles, and vpermw looks each up
+ * straight from the word shifted by 0, 4, 8 and 12 (it reads an index's low 5 bits, and the table repeats its 16
+ * values), with no widening; four sums, each its own chain of vdpbf16ps, scaled into four totals at each group's
+ * end (groups of 32 and 64 values: quant_int4_wide_lanes). One chain, as quant_block's steps run for one feature,
+ * waits out the latency of vdpbf16ps every step. */
 static float quant_int4_wide(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
                              int64_t n, int K, const uint16_t *xbf) {
     const uint8_t *row = w + n * row_bytes;
     const int group = group_size < K ? group_size : K;
+    if (group < 128) return quant_int4_wide_lanes(row, row_bytes, scales + n * groups, group, K, xbf);
     __m512 total[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) total[j] = _mm512_setzero_ps();
@@ -693,11 +728,12 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
     if (M < 1 || N < 1) return;
     /* x in bfloat16 (its values checked once) for converted rows, int4 in quant_pack_bf16's order where it runs
      * (its weights convert faster so), else as it lies; or for int4's steps of four blocks */
-    const int converts = quant_converts(format, group_size, M, K), packs = quant_packs_bf16(format, group_size, K);
+    const int converts = quant_converts(format, group_size, M, K), wide_steps = quant_wide(format, M, group_size, K);
+    const int packs = wide_steps || quant_packs_bf16(format, group_size, K);
     const int bf16_x = (converts || packs) && quant_bf16_valued(x, (int64_t)M * K);
     uint16_t *xrows = NULL, *xbf = NULL;
     const int permuted = packs;
-    const int wide = bf16_x && packs && !converts && quant_wide(M, group_size, K);
+    const int wide = bf16_x && wide_steps; /* (int4's converted rows start past 16 rows) */
     if (bf16_x && converts) xrows = packs ? quant_pack_bf16(x, M, K, 0) : quant_x_bf16(x, M, K);
     else if (bf16_x && packs) xbf = quant_pack_bf16(x, M, K, wide);
     float *xperm = xrows || wide ? NULL : quant_permute(format, group_size, x, M, K);
