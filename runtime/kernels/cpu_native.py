@@ -332,12 +332,17 @@ def amx_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) 
 
 
 def quant_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
-               offsets: Tensor | None = None) -> Tensor:
+               offsets: Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> Tensor:
     """quant_linear_ref (quant_linear.py) with the weights dequantized in registers: x (M, K); qweight int8
     (N, K), int4 as quant_linear.pack_int4 packs it (uint8 (N, ceil(K / 16) * 8)) or float8_e4m3fn (N, K);
-    scales and offsets float32 (N, groups); the float32 result."""
-    y = torch.empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
-    _ops().quant_gemm(qweight, scales, _float32(offsets), group_size, _float32(x), _float32(bias), y)
+    scales and offsets float32 (N, groups); the float32 result, or with a bfloat16 x and `out_dtype` bfloat16 that
+    result rounded to bfloat16 by the kernel (no conversions around it)."""
+    if x.dtype == torch.bfloat16 and out_dtype == torch.bfloat16:
+        source = x.contiguous()
+    else:
+        source = _float32(x)
+    y = torch.empty(x.shape[0], qweight.shape[0], dtype=source.dtype)
+    _ops().quant_gemm(qweight, scales, _float32(offsets), group_size, source, _float32(bias), y)
     return y
 
 

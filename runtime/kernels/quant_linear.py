@@ -233,14 +233,14 @@ def amx_runs(x: Tensor, qweight: Tensor, offsets: Tensor | None, group_size: int
 
 
 def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
-                 offsets: Tensor | None = None) -> Tensor:
+                 offsets: Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> Tensor:
     """quant_linear_ref on the native kernels where they run (a CPU with the library, a format native_runs
     takes): up to NATIVE_MAX_ROWS rows in registers (quant_gemm; a bfloat16 model's batches up to
     CONVERTED_MAX_ROWS too where converts()), then a bfloat16 model's batch on the weight dequantized to bfloat16
     (bfloat16_gemm_runs) or on AMX tiles (amx_runs), others by float32 panels (quant_linear_panels); on a CUDA
     device the Triton kernel (quant_linear_gpu.py), or _scaled_mm for FP8 per-channel weights with bfloat16
     activations where the GPU has FP8 (scaled_mm_runs). The float32 result, as the reference's, or bfloat16 from
-    the bfloat16 GEMM."""
+    the bfloat16 GEMM, or from quant_gemm where x and `out_dtype` are bfloat16 (a bfloat16 model's linear)."""
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if x.is_cuda:
         if scaled_mm_runs(flat, qweight, scales, offsets):
@@ -249,7 +249,7 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bi
             y = quant_linear_triton(flat, qweight, scales, group_size, bias, offsets)
     elif x.is_cpu and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
         if flat.shape[0] <= NATIVE_MAX_ROWS or converts(flat, qweight, group_size):
-            y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets)
+            y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets, out_dtype)
         elif bfloat16_gemm_runs(flat):
             weight = dequantized_bfloat16(qweight, scales, group_size, offsets, flat.shape[1])
             y = torch.nn.functional.linear(flat, weight, None if bias is None else bias.to(torch.bfloat16))

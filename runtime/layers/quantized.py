@@ -57,7 +57,7 @@ class QuantLinear(nn.Module):
         cut_loaded(self, where, name, dim, parts, rank0_only, rank, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = quant_linear(x, self.qweight, self.scales, self.group_size, self.bias, self.offsets)
+        y = quant_linear(x, self.qweight, self.scales, self.group_size, self.bias, self.offsets, self.dtype)
         return y.to(self.dtype)
 
     def extra_repr(self) -> str:
@@ -78,7 +78,8 @@ class QuantStackedLinear(nn.Module):
         self.register_buffer("scales", torch.stack([s for _, s, _ in parts]).to(weight.device), persistent=False)
 
     def forward(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        return quant_linear(x, self.qweight[expert], self.scales[expert], self.group_size, None).to(self.dtype)
+        y = quant_linear(x, self.qweight[expert], self.scales[expert], self.group_size, None, None, self.dtype)
+        return y.to(self.dtype)
 
 
 QUANTIZED = {nn.Linear: QuantLinear, StackedLinear: QuantStackedLinear}

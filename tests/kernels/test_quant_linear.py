@@ -346,6 +346,40 @@ def test_batches_of_bfloat16_rows_on_converted_weights_match_the_reference(fmt, 
         assert torch.equal(quant_linear(x, q, scales, group_size, bias, shifts), got)
 
 
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows, n, k, group_size", [(1, 24, 256, 128), (1, 9, 256, 32), (3, 13, 300, 16),
+                                                     (17, 21, 224, 32), (40, 8, 128, 64)])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_a_bfloat16_linear_gets_the_float32_result_rounded_by_the_kernel(fmt, rows, n, k, group_size, offsets):
+    """A bfloat16 model's linear hands x over as it is and takes y in bfloat16 (no conversions around the kernel):
+    exactly the float32 result of the same x, rounded to nearest even as torch rounds it; a NaN stays a NaN."""
+    generator = torch.Generator().manual_seed(rows * 13 + n + k + group_size)
+    q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
+    x = torch.randn(rows, k, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(n, generator=generator)
+    x[0, 5] = float("nan")  # row 0's outputs all NaN
+    got = cpu_native.quant_gemm(x, q, scales, group_size, bias, shifts, out_dtype=torch.bfloat16)
+    expected = cpu_native.quant_gemm(x.float(), q, scales, group_size, bias, shifts).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.isnan(), expected.isnan()) and got[0].isnan().all()
+    assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+    # A float32 caller keeps the float32 result; the launcher passes the model's dtype through where it takes
+    # this kernel (a decode's rows).
+    assert cpu_native.quant_gemm(x, q, scales, group_size, bias, shifts).dtype == torch.float32
+    if rows - 1 <= quant_module.NATIVE_MAX_ROWS and quant_module.native_runs(q, shifts, group_size, k):
+        launched = quant_linear(x[1:], q, scales, group_size, bias, shifts, torch.bfloat16)
+        assert launched.dtype == torch.bfloat16 and torch.equal(launched, expected[1:])
+
+
+@native
+def test_the_kernel_refuses_a_y_of_another_type_than_x():
+    q, scales, _ = random_format("int8", 4, 32, 32, False, torch.Generator().manual_seed(0))
+    x, y = torch.randn(2, 32).to(torch.bfloat16), torch.empty(2, 4)
+    with pytest.raises(RuntimeError, match="quant_gemm.*y.*BFloat16"):
+        torch.ops.tandem.quant_gemm(q, scales, None, 32, x, None, y)
+
+
 def test_offsets_and_fp8_dequantize_group_by_group():
     generator = torch.Generator().manual_seed(7)
     q = torch.randint(-8, 8, (3, 40), dtype=torch.int8, generator=generator)

@@ -470,18 +470,23 @@ int check_quant(const Args &args, const Tensor &qweight, const Tensor &scales, c
 void quant_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets, int64_t group_size,
                 const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
   const Args args("quant_gemm");
-  args.tensor("x", x, {ScalarType::Float}, 2);
+  args.tensor("x", x, {ScalarType::Float, ScalarType::BFloat16}, 2);
   args.contiguous("x", x);
   const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
   const int format = check_quant(args, qweight, scales, offsets, group_size, in_features);
   args.optional("bias", bias, ScalarType::Float, {out_features});
-  args.tensor("y", y, {ScalarType::Float}, 2);
+  args.tensor("y", y, {x.scalar_type()}, 2);  // a bfloat16 x gives a bfloat16 y
   args.shape("y", y, {rows, out_features});
   args.contiguous("y", y);
-  tandem_quant_gemm(static_cast<const uint8_t *>(qweight.data_ptr()), format, scales.data_ptr<float>(),
-                    pointer<float>(offsets), static_cast<int>(group_size), x.data_ptr<float>(), pointer<float>(bias),
-                    y.data_ptr<float>(), args.count("x", rows), args.count("qweight", out_features),
-                    args.count("x", in_features), threads());
+  const auto *w = static_cast<const uint8_t *>(qweight.data_ptr());
+  const int m = args.count("x", rows), n = args.count("qweight", out_features), k = args.count("x", in_features);
+  if (x.scalar_type() == ScalarType::BFloat16)
+    tandem_quant_gemm_bf16(w, format, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
+                           static_cast<const uint16_t *>(x.data_ptr()), pointer<float>(bias),
+                           static_cast<uint16_t *>(y.data_ptr()), m, n, k, threads());
+  else
+    tandem_quant_gemm(w, format, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
+                      x.data_ptr<float>(), pointer<float>(bias), y.data_ptr<float>(), m, n, k, threads());
 }
 
 // quant_gemm for a bfloat16 x on AMX tiles (int8 and int4 without offsets; K and group_size multiples of 32).

@@ -25,6 +25,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tandem_cpu.h"
 
@@ -723,8 +724,18 @@ static void quant_bf16_dots(const uint16_t *w, const float *scales, int groups, 
 }
 #endif
 
-void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
-                       const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
+/* float32 rounded to the nearest bfloat16, ties to even, as torch rounds it (a NaN stays a quiet NaN). */
+static inline uint16_t quant_round_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* y = x W^T (+ bias) into y32 (float32) or, where it is NULL, y16 (bfloat16, rounded once from the float32 sums). */
+static void quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
+                       const float *x, const float *bias, float *y32, uint16_t *y16, int M, int N, int K,
+                       int num_threads) {
     if (M < 1 || N < 1) return;
     /* x in bfloat16 (its values checked once) for converted rows, int4 in quant_pack_bf16's order where it runs
      * (its weights convert faster so), else as it lies; or for int4's steps of four blocks */
@@ -776,7 +787,9 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
                                                    offsets ? offsets + (n + r) * groups : NULL, shift, groups,
                                                    xsums ? xsums + (int64_t)(m0 + m) * groups : NULL,
                                                    xshift ? xshift + (int64_t)(m0 + m) * groups : NULL);
-                    y[(int64_t)(m0 + m) * N + n + r] = value;
+                    const int64_t at = (int64_t)(m0 + m) * N + n + r;
+                    if (y32) y32[at] = value;
+                    else y16[at] = quant_round_bf16(value);
                 }
         }
     }
@@ -787,6 +800,26 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
     free(xshift);
     free(xperm);
     free(xbf);
+}
+
+void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
+                       const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
+    quant_gemm(w, format, scales, offsets, group_size, x, bias, y, NULL, M, N, K, num_threads);
+}
+
+/* tandem_quant_gemm for a bfloat16 model's linear: x and y bfloat16, x widened once here, so that the caller
+ * needs no conversions around it (two small copies a linear, 0.7 ms of a 1.23B hybrid's 28.7 ms int4 step). */
+void tandem_quant_gemm_bf16(const uint8_t *w, int format, const float *scales, const float *offsets,
+                            int group_size, const uint16_t *x, const float *bias, uint16_t *y, int M, int N, int K,
+                            int num_threads) {
+    if (M < 1 || N < 1) return;
+    float *wide = malloc(sizeof(float) * (size_t)M * (size_t)K);
+    for (int64_t i = 0; i < (int64_t)M * K; i++) {
+        const uint32_t bits = (uint32_t)x[i] << 16;
+        memcpy(wide + i, &bits, sizeof bits);
+    }
+    quant_gemm(w, format, scales, offsets, group_size, wide, bias, NULL, y, M, N, K, num_threads);
+    free(wide);
 }
 
 void tandem_quant_dequantize(const uint8_t *w, int format, const float *scales, const float *offsets,

@@ -65,6 +65,10 @@ void tandem_amx_quant_gemm(const uint8_t *w, int format, const float *scales, in
  * group_size k; the last may be partial); group_size a multiple of 16 for int4, or at least K. */
 void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
                        const float *x, const float *bias, float *y, int M, int N, int K, int num_threads);
+/* quant.c: tandem_quant_gemm with x and y bfloat16 (y rounded to nearest even from the float32 sums). */
+void tandem_quant_gemm_bf16(const uint8_t *w, int format, const float *scales, const float *offsets,
+                            int group_size, const uint16_t *x, const float *bias, uint16_t *y, int M, int N, int K,
+                            int num_threads);
 /* quant.c: W dequantized into out, float32 (N, K). */
 void tandem_quant_dequantize(const uint8_t *w, int format, const float *scales, const float *offsets,
                              int group_size, float *out, int N, int K, int num_threads);
