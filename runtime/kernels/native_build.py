@@ -36,6 +36,7 @@ SOURCES = Path(__file__).with_name("csrc")
 C_SOURCE, CXX_SOURCE, HEADER = SOURCES / "cpu_native.c", SOURCES / "ops.cpp", SOURCES / "tandem_cpu.h"
 QUANT_SOURCE = SOURCES / "quant.c"  # the quantized linears' kernels (C, built beside the core)
 LORA_SOURCE = SOURCES / "lora.c"  # batched LoRA (C, built beside the core)
+BF16_HEADER = SOURCES / "bf16.h"  # bfloat16 loads and stores, included by the C files
 # What runs on the references when the library is missing: the warning names it.
 LOST = ("the Mamba state updates, scans and convs, the norms, SiLU, rotary, decode attention and the "
         "small-batch linears run on their torch references (several times slower)")
@@ -110,7 +111,7 @@ def library_path(features: frozenset[str]) -> Path:
     """Where the library for a CPU of these features lies (or will)."""
     c_flags, cxx_flags = flags()
     key = hashlib.sha256()
-    for source in (C_SOURCE, QUANT_SOURCE, CXX_SOURCE, HEADER, LORA_SOURCE):
+    for source in (C_SOURCE, QUANT_SOURCE, CXX_SOURCE, HEADER, LORA_SOURCE, BF16_HEADER):
         key.update(source.read_bytes())
     key.update(" ".join([*c_flags, *cxx_flags, torch.__version__, *sorted(features)]).encode())
     return cache_dir() / f"libtandem_cpu-{key.hexdigest()[:16]}.so"

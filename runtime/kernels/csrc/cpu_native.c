@@ -16,14 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "tandem_cpu.h"
-
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t bits = (uint32_t)(*p) << 16;
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
 
 static inline float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
@@ -156,18 +150,6 @@ static inline float dot_product(const float *x, const float *y, int n) {
     return total;
 }
 #endif
-
-/* Round to nearest even, as torch's float32 -> bfloat16 conversion (NaN stays NaN). */
-static inline void bf16_store(uint16_t *p, float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        *p = (uint16_t)((bits >> 16) | 0x40u);
-        return;
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    *p = (uint16_t)(bits >> 16);
-}
 
 /* value rounded to bfloat16 and widened back: an intermediate that torch rounds to the model's dtype. */
 static inline float bf16_round(float value) {

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "tandem_cpu.h"
 
 #ifdef __AVX512BF16__
@@ -30,25 +31,9 @@
 /* ... or when one slot's B is this many values (a batch-1 expand of a wide linear reads 64 KiB or more of it). */
 #define LORA_PARALLEL_READ 32768
 
-static inline float lora_bf16_load(const uint16_t *p) {
-    uint32_t bits = (uint32_t)(*p) << 16;
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-/* Round to nearest even, as torch's float32 -> bfloat16 conversion (NaN stays NaN). */
-static inline uint16_t lora_bf16_store(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 /* Value i of a slot's row: float32, or bfloat16 widened (exactly). `bf16` is a constant at each call. */
 static inline float lora_at(const void *row, const int bf16, int64_t i) {
-    return bf16 ? lora_bf16_load((const uint16_t *)row + i) : ((const float *)row)[i];
+    return bf16 ? bf16_load((const uint16_t *)row + i) : ((const float *)row)[i];
 }
 
 static inline float lora_dot(const void *a, const int a_bf16, const float *x, int n) {
@@ -80,7 +65,7 @@ static inline void lora_load16(lora_v16 *v, const void *row, const int bf16, int
     }
 }
 
-/* p[0..16) += delta, for a bfloat16 y: widened, added, rounded as lora_bf16_store does (to nearest even; a NaN
+/* p[0..16) += delta, for a bfloat16 y: widened, added, rounded as bf16_store does (to nearest even; a NaN
  * stays NaN), 16 values at a time in registers. */
 static inline void lora_add16_bf16(uint16_t *p, const float *delta) {
     lora_h16 half;
@@ -180,7 +165,7 @@ static inline __attribute__((always_inline)) void lora_shrink_rows(const void *r
 
 /* A bfloat16 pool's values, widened (exactly) into float32. */
 static inline void lora_widen(const uint16_t *from, float *to, int64_t count) {
-    for (int64_t i = 0; i < count; i++) to[i] = lora_bf16_load(from + i);
+    for (int64_t i = 0; i < count; i++) to[i] = bf16_load(from + i);
 }
 
 #ifdef __AVX512BF16__
@@ -258,7 +243,7 @@ void tandem_lora_shrink(const void *x, int x_bf16, int64_t x_stride, const void 
         float *wide = x_bf16 ? malloc(sizeof(float) * (size_t)n * dim) : NULL;
         for (int i = 0; wide && i < n; i++) {
             const uint16_t *row = (const uint16_t *)x + mine[i] * x_stride;
-            for (int k = 0; k < dim; k++) wide[(int64_t)i * dim + k] = lora_bf16_load(row + k);
+            for (int k = 0; k < dim; k++) wide[(int64_t)i * dim + k] = bf16_load(row + k);
         }
         for (int i0 = 0; i0 < n; i0 += LORA_DOT_ROWS) {
             const int m = n - i0 < LORA_DOT_ROWS ? n - i0 : LORA_DOT_ROWS;
@@ -362,7 +347,7 @@ void tandem_lora_expand(const float *s, const void *b, int b_bf16, const float *
                     uint16_t *p = (uint16_t *)y + t * y_stride + n0;
                     int n = 0;
                     for (; n + LORA_LANES <= width; n += LORA_LANES) lora_add16_bf16(p + n, delta[i] + n);
-                    for (; n < width; n++) p[n] = lora_bf16_store(lora_bf16_load(p + n) + delta[i][n]);
+                    for (; n < width; n++) bf16_store(p + n, bf16_load(p + n) + delta[i][n]);
                 } else {
                     float *p = (float *)y + t * y_stride + n0;
                     for (int n = 0; n < width; n++) p[n] += delta[i][n];
