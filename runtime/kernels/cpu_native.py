@@ -289,14 +289,25 @@ def panel_dtypes() -> tuple[torch.dtype, ...]:
 
 def pack_panels(weight: Tensor) -> Tensor:
     """weight (N, K), float32 or bfloat16, in the layout panel_gemm reads: float32 (panels, K, PANEL),
-    bfloat16 (panels, K / 2, PANEL, 2); features past N and a bfloat16 k past K are zeros."""
+    bfloat16 (panels, K / 2, PANEL, 2); features past N and a bfloat16 k past K are zeros. Written in place
+    into the new tensor (no padded copy first): for an LM head, the padded copy was a second vocabulary's
+    worth of memory at start-up, the run's peak for a quantized model."""
     n, k = weight.shape
-    padded_n, padded_k = -(-n // PANEL) * PANEL, k + k % 2 if weight.dtype == torch.bfloat16 else k
-    padded = weight.new_zeros(padded_n, padded_k)
-    padded[:n, :k] = weight
-    if weight.dtype == torch.bfloat16:
-        return padded.view(padded_n // PANEL, PANEL, padded_k // 2, 2).permute(0, 2, 1, 3).contiguous()
-    return padded.view(padded_n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+    bf16 = weight.dtype == torch.bfloat16
+    if bf16 and k % 2:  # the kernel reads x and the weights in pairs of k: a zero pair member
+        weight = torch.nn.functional.pad(weight, (0, 1))
+        k += 1
+    panels, whole = -(-n // PANEL), n // PANEL
+    if bf16:
+        out = weight.new_zeros(panels, k // 2, PANEL, 2)
+        target, source = out.permute(0, 2, 1, 3), weight.reshape(n, k // 2, 2)  # both indexed (feature, k)
+    else:
+        out = weight.new_zeros(panels, k, PANEL)
+        target, source = out.transpose(1, 2), weight
+    target[:whole] = source[: whole * PANEL].reshape(whole, PANEL, *source.shape[1:])
+    if whole < panels:
+        target[whole, : n - whole * PANEL] = source[whole * PANEL :]
+    return out
 
 
 def panel_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:

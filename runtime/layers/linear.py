@@ -25,6 +25,12 @@ docs/performance.md). On a CPU with AVX2 only (`native_max_rows`), the AVX2 kern
 stored: up to 4 rows the matrix-vector kernel (oneDNN read the weights at about half the machine's
 bandwidth there), up to SMALL_GEMM_MAX_ROWS the small GEMM (dot products, 8 rows at a time: 2x oneDNN
 at 8 rows, 1.2-1.6x at 32); bfloat16 there is widened to float32 as above.
+
+The LM head keeps its panels alone where they run (`onednn=False`): it multiplies one row per sampled position
+(a prompt's rows only for prompt logprobs), and the panel kernel takes any number of rows at 0.96-1.15x oneDNN's
+time (N = K = 2048, 4 to 2048 rows, one and two threads of the AVX-512 EPYC), so oneDNN's copy of the largest
+weight would buy little and cost a vocabulary's worth of memory (125 MiB of the 1.23B hybrid, an eighth of its
+int4 model).
 """
 
 from __future__ import annotations
@@ -40,23 +46,29 @@ PACK_ROWS = 32  # the batch size the weights are laid out for
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear):
+    """`onednn=False`: where the panel kernel runs, it takes every batch and oneDNN's copy is not made (the LM
+    head's case, module docstring); elsewhere oneDNN's copy is made regardless."""
+
+    def __init__(self, linear: nn.Linear, onednn: bool = True):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         self.dtype = weight.dtype
+        self.panel_max_rows = panel_max_rows(weight.dtype)
+        panels = self.panel_max_rows > 0
         # Float32 GEMMs: a float32 model, or a bfloat16 one on a CPU without bfloat16 instructions.
         self.float32 = weight.dtype == torch.float32 or not bfloat16_packs()
+        # The type x is multiplied in (the caller casts to it).
+        self.input_dtype = torch.float32 if self.float32 else weight.dtype
         # The layout oneDNN picks for 32-row inputs (vLLM's choice too) served 1 to 2048 rows best here.
-        gemm_type = torch.float32 if self.float32 else weight.dtype
-        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight.to(gemm_type), PACK_ROWS),
-                             persistent=False)
-        bias = linear.bias.detach().to(gemm_type) if linear.bias is not None else None
+        packed = None
+        if onednn or not panels:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(self.input_dtype), PACK_ROWS)
+        self.register_buffer("weight", packed, persistent=False)
+        bias = linear.bias.detach().to(self.input_dtype) if linear.bias is not None and packed is not None else None
         self.register_buffer("bias", bias, persistent=False)
         # Copies of the weights for the decode-batch kernels where they pay: packed in panels (AVX-512),
         # and as stored for the matrix-vector kernel (float32 up to 4 rows; and on AVX2-only CPUs).
-        self.panel_max_rows = panel_max_rows(weight.dtype)
-        panels = self.panel_max_rows > 0
         self.register_buffer("panels", cpu_native.pack_panels(weight) if panels else None, persistent=False)
         bias = linear.bias.detach().float() if panels and linear.bias is not None else None
         self.register_buffer("panel_bias", bias, persistent=False)
@@ -78,10 +90,11 @@ class PackedLinear(nn.Module):
             kernel = cpu_native.gemv if rows <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
             y = kernel(flat, self.dense_weight, self.dense_bias).to(self.dtype)
             return y.view(*x.shape[:-1], self.out_features)
-        if rows <= self.panel_max_rows and self.panel_max_rows:
+        panels_only = self.weight is None  # every batch on the panels: on AMX tiles past a few rows where it runs
+        if (rows <= self.panel_max_rows and self.panel_max_rows) or (panels_only and not self.amx_max_rows):
             y = cpu_native.panel_gemm(flat, self.panels, self.panel_bias, self.out_features)
             return y.view(*x.shape[:-1], self.out_features)
-        if rows <= self.amx_max_rows and self.amx_max_rows:
+        if (rows <= self.amx_max_rows and self.amx_max_rows) or panels_only:
             y = cpu_native.amx_gemm(flat, self.panels, self.panel_bias, self.out_features)
             return y.view(*x.shape[:-1], self.out_features)
         # oneDNN keeps native memory (a primitive, its scratchpad) for every input shape it meets, and
@@ -114,13 +127,15 @@ def bucket(rows: int) -> int:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 and bfloat16 nn.Linear of `model` by a PackedLinear; returns how many."""
+    """Replace every float32 and bfloat16 nn.Linear of `model` by a PackedLinear, its LM head (`lm_head`) on
+    the panels alone where they run; returns how many."""
     packable = {torch.float32, torch.bfloat16}
     packed = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype in packable:
-                setattr(parent, name, PackedLinear(child))
+                head = parent is model and name == "lm_head"
+                setattr(parent, name, PackedLinear(child, onednn=not head))
                 packed += 1
     return packed
 

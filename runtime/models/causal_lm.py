@@ -6,6 +6,12 @@ import torch
 from torch import nn
 
 
+def head_dtype(head: nn.Module) -> torch.dtype:
+    """The type an LM head multiplies its input in: a packed one's own (which may keep no `weight`), else its
+    weight's."""
+    return getattr(head, "input_dtype", None) or head.weight.dtype
+
+
 class CausalLM(nn.Module):
     """What the model runner needs from every implementation."""
 
@@ -18,7 +24,7 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        return self.lm_head(hidden.to(head_dtype(self.lm_head))).float()
 
     def input_embeddings(self) -> nn.Embedding:
         raise NotImplementedError

@@ -110,3 +110,39 @@ def test_native_kernels_switched_off_keep_no_second_weight_copy(monkeypatch):
     assert linear.panel_max_rows == 0 and linear.panels is None
     x = torch.randn(2, 16)  # two rows: the native kernels' size, now oneDNN's
     torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [0, 1, 4, 5, 64, 65, 300])
+@pytest.mark.parametrize("in_features", [96, 71])  # whole AMX tiles of k, or an odd K (a zero pair member)
+def test_a_head_on_the_panels_alone_matches_nn_linear_at_every_row_count(dtype, rows, in_features):
+    """onednn=False (the LM head): where the panel kernel runs, no oneDNN copy is made and every batch, a
+    prompt's rows for prompt logprobs included, runs on the panels (or AMX tiles); elsewhere oneDNN's as before."""
+    torch.manual_seed(rows)
+    reference = nn.Linear(in_features, 70, bias=rows % 2 == 1).to(dtype)  # a partial last panel of 6 features
+    head = PackedLinear(reference, onednn=False)
+    panels = dtype in (cpu_native.panel_dtypes() if cpu_native.available() else ())
+    assert (head.weight is None) == panels and (head.panels is not None) == panels
+    assert head.input_dtype == (dtype if panels or not head.float32 else torch.float32)
+    x = torch.randn(rows, in_features).to(dtype)
+    out = head(x.to(head.input_dtype))
+    assert out.dtype == dtype and out.shape == (rows, 70)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2.0**-7, atol=1e-2)
+    torch.testing.assert_close(out, reference(x), **tolerance)
+
+
+def test_pack_linears_puts_the_lm_head_alone_on_the_panels():
+    """The model's own `lm_head` keeps no oneDNN copy where the panels run; a layer of that name deeper in the
+    model is an ordinary linear and keeps it."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = nn.Module()
+            self.block.lm_head = nn.Linear(32, 16)
+            self.lm_head = nn.Linear(32, 64, bias=False)
+
+    model = Model()
+    assert pack_linears(model) == 2
+    panels = torch.float32 in (cpu_native.panel_dtypes() if cpu_native.available() else ())
+    assert (model.lm_head.weight is None) == panels and model.block.lm_head.weight is not None

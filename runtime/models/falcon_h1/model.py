@@ -17,7 +17,7 @@ from runtime.layers.mamba2 import Mamba2Mixer
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rotary
 from runtime.models.bamba.model import bamba_mixer
-from runtime.models.causal_lm import CausalLM
+from runtime.models.causal_lm import CausalLM, head_dtype
 from runtime.models.falcon_h1.declaration import FalconH1Dims
 from runtime.models.llama.model import SelfAttention
 
@@ -160,7 +160,7 @@ class FalconH1ForCausalLM(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # HF scales in the model dtype, before the logits are widened.
-        return (self.lm_head(hidden.to(self.lm_head.weight.dtype)) * self.lm_head_multiplier).float()
+        return (self.lm_head(hidden.to(head_dtype(self.lm_head))) * self.lm_head_multiplier).float()
 
     def input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
