@@ -325,12 +325,14 @@ def test_int4_steps_of_two_and_four_blocks_match_the_reference(rows, n, k, group
 # Batches of a bfloat16 model's rows on converted rows (csrc/quant.c's quant_converts, where the CPU has AVX-512
 # BF16): int8 from 4 rows, int4 past 16; int4 in quant_pack_bf16's order for groups of multiples of 64, in k's
 # order for groups of 32 (and K's last 32 values where K is not a multiple of 64); blocks of 4 rows of x and a
-# remainder, tiles of 4 features and a remainder, N past one block of 8; offsets (GGUF's Q4_K) and a bias.
+# remainder, tiles of 4 features and a remainder, N past one block of 8; offsets (GGUF's Q4_K) and a bias. int4
+# from 64 rows as panels (quant_panels): blocks of 6 rows of x and a remainder, partial panels of 32 features.
 CONVERTED_SHAPES = [(13, 96, 32), (8, 128, 64), (21, 224, 128), (6, 160, 160), (9, 192, 64), (19, 64, 64)]
 
 
 @native
-@pytest.mark.parametrize("fmt, rows", [("int8", 4), ("int8", 7), ("int8", 33), ("int4", 17), ("int4", 38)])
+@pytest.mark.parametrize("fmt, rows", [("int8", 4), ("int8", 7), ("int8", 33), ("int4", 17), ("int4", 38),
+                                       ("int4", 64), ("int4", 75)])
 @pytest.mark.parametrize("n, k, group_size", CONVERTED_SHAPES)
 @pytest.mark.parametrize("offsets", [False, True])
 def test_batches_of_bfloat16_rows_on_converted_weights_match_the_reference(fmt, rows, n, k, group_size, offsets):
@@ -349,7 +351,7 @@ def test_batches_of_bfloat16_rows_on_converted_weights_match_the_reference(fmt, 
 @native
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows, n, k, group_size", [(1, 24, 256, 128), (1, 9, 256, 32), (3, 13, 300, 16),
-                                                     (17, 21, 224, 32), (40, 8, 128, 64)])
+                                                     (17, 21, 224, 32), (40, 8, 128, 64), (70, 40, 256, 128)])
 @pytest.mark.parametrize("offsets", [False, True])
 def test_a_bfloat16_linear_gets_the_float32_result_rounded_by_the_kernel(fmt, rows, n, k, group_size, offsets):
     """A bfloat16 model's linear hands x over as it is and takes y in bfloat16 (no conversions around the kernel):

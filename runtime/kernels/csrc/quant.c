@@ -25,12 +25,14 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bf16.h"
 #include "tandem_cpu.h"
 
 #define QUANT_ROWS 8 /* output features per block */
 #define QUANT_CONVERT_ROWS 12 /* per block of converted rows (quant_bf16_rows), at least QUANT_ROWS */
+#define QUANT_PANEL TANDEM_PANEL /* per block of converted rows laid out as a panel (quant_panel_dots) */
 /* Rows of x per pass over a block, and vector accumulators of a block (ROWS x M). With AVX-512's 32 registers,
  * passes of 8 rows (16 accumulators) and blocks of 4 x 4 measured no faster than these (2048 x 512 int8 / int4
  * weights in L2, one thread: 8 rows in one pass 176-185 / 267-309 us, in two of 4 rows 160-175 / 260-300). */
@@ -597,11 +599,11 @@ static uint16_t *quant_x_bf16(const float *x, int M, int K) {
  * bfloat16 values; int4's -8 applied here); K a multiple of 32. In k's order, or for int4 with `permuted` in
  * quant_pack_bf16's (x's rows then come from it). */
 static void quant_bf16_rows(const uint8_t *w, int format, int64_t row_bytes, int64_t n, int count, int K,
-                            int permuted, uint16_t *out) {
+                            int permuted, int block_rows, uint16_t *out) {
     /* Each line of the next block's rows is fetched into L2 as this block's is converted, so that the loads
      * stream while the block's dot products run (4 rows of x, 8192 x 2048 int8 weights from memory, 2 threads
      * of an AVX-512 EPYC: 20.4 ms for 16 copies without, 16.0 with). */
-    const int64_t ahead = QUANT_CONVERT_ROWS * row_bytes;
+    const int64_t ahead = block_rows * row_bytes;
     for (int r = 0; r < count; r++) {
         const uint8_t *row = w + (n + r) * row_bytes;
         int k = 0;
@@ -706,10 +708,166 @@ static void quant_bf16_dots(const uint16_t *w, const float *scales, int groups, 
         }
 #undef QUANT_BF16_TILE
 }
+/* The converted panels: a block of PANEL converted rows laid out as the bfloat16 panel GEMM's panels (pairs of k
+ * per feature, csrc/cpu_native.c's panel_bf16), then multiplied in its outer-product form, each step of a pair of k
+ * one load of the panel's row and a broadcast per row of x: no sums across lanes, which the tiles of
+ * quant_bf16_dots end with, and a block of rows of x held against 32 features. */
+#define QUANT_PANEL_ROWS 12 /* rows of x per block with one group: 24 accumulators */
+#define QUANT_PANEL_GROUP_ROWS 6 /* with more groups: 12 accumulators and 12 totals */
+
+/* 16 vectors of 16 32-bit values as their transpose: vector j holds value j of each. */
+static inline __attribute__((always_inline)) void quant_transpose16(__m512i r[16]) {
+    __m512i t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* s[4g + c], lane L: column 4L + c of rows 4g .. 4g + 3 */
+    __m512i s[16];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        s[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        s[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        s[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        s[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    /* for each c, the 4 x 4 blocks of 128 bits (g, L) transposed: column 4L + c */
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i v0 = _mm512_shuffle_i32x4(s[c], s[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(s[c], s[4 + c], 0xee);
+        const __m512i v2 = _mm512_shuffle_i32x4(s[8 + c], s[12 + c], 0x44);
+        const __m512i v3 = _mm512_shuffle_i32x4(s[8 + c], s[12 + c], 0xee);
+        r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+        r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+    }
+}
+
+/* `count` <= QUANT_PANEL converted rows (count, K) as one panel (K / 2, QUANT_PANEL, 2), features past count
+ * zeros; K a multiple of 32. */
+static void quant_panel_of_rows(const uint16_t *rows, int count, int K, uint16_t *panel) {
+    for (int f0 = 0; f0 < QUANT_PANEL; f0 += 16)
+        for (int p0 = 0; p0 < K / 2; p0 += 16) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++)
+                r[i] = f0 + i < count ? _mm512_loadu_si512((const void *)(rows + (int64_t)(f0 + i) * K + 2 * p0))
+                                      : _mm512_setzero_si512();
+            quant_transpose16(r);
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++)
+                _mm512_storeu_si512((void *)(panel + ((int64_t)(p0 + j) * QUANT_PANEL + f0) * 2), r[j]);
+        }
+}
+
+/* ROWS rows of x against the panel's pairs of k from k0 to k1, added into acc; ROWS a constant in each inlined copy. */
+static inline __attribute__((always_inline)) void quant_panel_steps(const uint16_t *panel, const uint16_t *x, int K,
+                                                                   int k0, int k1, __m512 acc[][2], const int ROWS) {
+    for (int k = k0; k < k1; k += 2) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(panel + k * QUANT_PANEL));
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(panel + k * QUANT_PANEL + 32));
+        for (int r = 0; r < ROWS; r++) {
+            int32_t pair;
+            memcpy(&pair, x + (int64_t)r * K + k, sizeof pair);
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32(pair);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, xr);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, xr);
+        }
+    }
+}
+
+/* dots[m * QUANT_PANEL + f] for ROWS <= QUANT_PANEL_ROWS rows of x with one group: each feature's sums times its
+ * scale (table[f]) once at the end. */
+static inline __attribute__((always_inline)) void quant_panel_block(const uint16_t *panel, const float *table,
+                                                                   const uint16_t *x, int K, float *dots,
+                                                                   const int ROWS) {
+    __m512 acc[QUANT_PANEL_ROWS][2];
+    for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    quant_panel_steps(panel, x, K, 0, K, acc, ROWS);
+    const __m512 s0 = _mm512_loadu_ps(table), s1 = _mm512_loadu_ps(table + 16);
+    for (int r = 0; r < ROWS; r++) {
+        _mm512_storeu_ps(dots + r * QUANT_PANEL, _mm512_mul_ps(acc[r][0], s0));
+        _mm512_storeu_ps(dots + r * QUANT_PANEL + 16, _mm512_mul_ps(acc[r][1], s1));
+    }
+}
+
+/* As quant_panel_block for ROWS <= QUANT_PANEL_GROUP_ROWS rows and more groups: each group's sums times its
+ * scales (table[g * QUANT_PANEL + f]) into totals. */
+static inline __attribute__((always_inline)) void quant_panel_groups(const uint16_t *panel, const float *table,
+                                                                    int groups, int group, const uint16_t *x, int K,
+                                                                    float *dots, const int ROWS) {
+    __m512 acc[QUANT_PANEL_GROUP_ROWS][2], total[QUANT_PANEL_GROUP_ROWS][2];
+    for (int r = 0; r < ROWS; r++) total[r][0] = total[r][1] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const int k0 = g * group, k1 = k0 + group < K ? k0 + group : K;
+        for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        quant_panel_steps(panel, x, K, k0, k1, acc, ROWS);
+        const __m512 s0 = _mm512_loadu_ps(table + g * QUANT_PANEL), s1 = _mm512_loadu_ps(table + g * QUANT_PANEL + 16);
+        for (int r = 0; r < ROWS; r++) {
+            total[r][0] = _mm512_fmadd_ps(acc[r][0], s0, total[r][0]);
+            total[r][1] = _mm512_fmadd_ps(acc[r][1], s1, total[r][1]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        _mm512_storeu_ps(dots + r * QUANT_PANEL, total[r][0]);
+        _mm512_storeu_ps(dots + r * QUANT_PANEL + 16, total[r][1]);
+    }
+}
+
+/* dots[m * QUANT_PANEL + f] for M rows of x (bfloat16, in the converted rows' order of k) against `count` <=
+ * QUANT_PANEL converted rows: laid out as a panel (into `panel`, K * QUANT_PANEL values), their scales as a table
+ * by group (into `table`, groups * QUANT_PANEL), then blocks of rows of x. group: the groups' length (K for one). */
+static void quant_panel_dots(const uint16_t *rows, const float *scales, int groups, int group, const uint16_t *x,
+                             int K, int M, int count, uint16_t *panel, float *table, float *dots) {
+    quant_panel_of_rows(rows, count, K, panel);
+    for (int g = 0; g < groups; g++)
+        for (int f = 0; f < QUANT_PANEL; f++) table[g * QUANT_PANEL + f] = f < count ? scales[f * groups + g] : 0.0f;
+    const int block = groups == 1 ? QUANT_PANEL_ROWS : QUANT_PANEL_GROUP_ROWS;
+    for (int m0 = 0; m0 < M; m0 += block) {
+        const int rows_of_x = M - m0 < block ? M - m0 : block;
+        const uint16_t *xs = x + (int64_t)m0 * K;
+        float *out = dots + (int64_t)m0 * QUANT_PANEL;
+#define QUANT_PANEL_BLOCK(R) quant_panel_block(panel, table, xs, K, out, R)
+#define QUANT_PANEL_GROUPS(R) quant_panel_groups(panel, table, groups, group, xs, K, out, R)
+        if (groups == 1) switch (rows_of_x) {
+            case 1: QUANT_PANEL_BLOCK(1); break;
+            case 2: QUANT_PANEL_BLOCK(2); break;
+            case 3: QUANT_PANEL_BLOCK(3); break;
+            case 4: QUANT_PANEL_BLOCK(4); break;
+            case 5: QUANT_PANEL_BLOCK(5); break;
+            case 6: QUANT_PANEL_BLOCK(6); break;
+            case 7: QUANT_PANEL_BLOCK(7); break;
+            case 8: QUANT_PANEL_BLOCK(8); break;
+            case 9: QUANT_PANEL_BLOCK(9); break;
+            case 10: QUANT_PANEL_BLOCK(10); break;
+            case 11: QUANT_PANEL_BLOCK(11); break;
+            default: QUANT_PANEL_BLOCK(12); break;
+            }
+        else switch (rows_of_x) {
+            case 1: QUANT_PANEL_GROUPS(1); break;
+            case 2: QUANT_PANEL_GROUPS(2); break;
+            case 3: QUANT_PANEL_GROUPS(3); break;
+            case 4: QUANT_PANEL_GROUPS(4); break;
+            case 5: QUANT_PANEL_GROUPS(5); break;
+            default: QUANT_PANEL_GROUPS(6); break;
+            }
+#undef QUANT_PANEL_GROUPS
+#undef QUANT_PANEL_BLOCK
+    }
+}
 #else
 static void quant_bf16_rows(const uint8_t *w, int format, int64_t row_bytes, int64_t n, int count, int K,
-                            int permuted, uint16_t *out) {
-    (void)w, (void)format, (void)row_bytes, (void)n, (void)count, (void)K, (void)permuted, (void)out;
+                            int permuted, int block_rows, uint16_t *out) {
+    (void)w, (void)format, (void)row_bytes, (void)n, (void)count, (void)K, (void)permuted, (void)block_rows;
+    (void)out;
+}
+
+static void quant_panel_dots(const uint16_t *rows, const float *scales, int groups, int group, const uint16_t *x,
+                             int K, int M, int count, uint16_t *panel, float *table, float *dots) {
+    (void)rows, (void)scales, (void)groups, (void)group, (void)x, (void)K, (void)M, (void)count, (void)panel;
+    (void)table, (void)dots;
 }
 
 static float quant_int4_wide(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
@@ -723,6 +881,33 @@ static void quant_bf16_dots(const uint16_t *w, const float *scales, int groups, 
     (void)w, (void)scales, (void)groups, (void)group, (void)x, (void)K, (void)M, (void)count, (void)dots;
 }
 #endif
+
+/* Row m of y's features n .. n + count from their dots (dots[i * stride + r], i from 0 for row m0): bias, the
+ * offsets' and int4 shift's terms, then stored in float32 (y32) or bfloat16 (y16). */
+static void quant_store(const float *dots, int stride, int m0, int rows, int64_t n, int count, int N, int groups,
+                        const float *scales, const float *offsets, float shift, const float *xsums,
+                        const float *xshift, const float *bias, float *y32, uint16_t *y16) {
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < count; r++) {
+            float value = dots[m * stride + r] + (bias ? bias[n + r] : 0.0f);
+            if (xsums || xshift)
+                value += quant_group_terms(scales + (n + r) * groups, offsets ? offsets + (n + r) * groups : NULL,
+                                           shift, groups, xsums ? xsums + (int64_t)(m0 + m) * groups : NULL,
+                                           xshift ? xshift + (int64_t)(m0 + m) * groups : NULL);
+            const int64_t at = (int64_t)(m0 + m) * N + n + r;
+            if (y32) y32[at] = value;
+            else bf16_store(y16 + at, value);
+        }
+}
+
+/* Whether converted rows run as panels (quant_panel_dots) rather than in tiles (quant_bf16_dots): int4 from 64 rows
+ * of x. Laying the rows out as a panel costs about what the tiles lose to their sums across lanes and, with groups,
+ * to scaling 16 totals per group; int4's groups pay for it from 64 rows, int8's single scale not at all. One thread
+ * of the AVX-512 BF16 EPYC, GMAC/s of int8 / int4 tiles against panels, N = K = 2048: 32 rows 74-79 / 67-73 against
+ * 60-70 / 63-69, 255 rows 79-83 / 70-72 against 68-84 / 85-89; N = 3072, K = 768, 128 rows 51-67 / 58-60 against
+ * 59-74 / 71-75; two threads, int4, 64 rows 127 -> 136, 255 rows 114 -> 172 (N = K = 2048). */
+#define QUANT_PANEL_MIN_ROWS_INT4 64
+static int quant_panels(int format, int M) { return format == TANDEM_QUANT_INT4 && M >= QUANT_PANEL_MIN_ROWS_INT4; }
 
 /* y = x W^T (+ bias) into y32 (float32) or, where it is NULL, y16 (bfloat16, rounded once from the float32 sums). */
 static void quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
@@ -742,8 +927,10 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
     float *xperm = xrows || wide ? NULL : quant_permute(format, group_size, x, M, K);
     const int64_t row_bytes = quant_row_bytes(format, K);
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
-    /* output features per block: converted rows in tiles of 6 or 4 features */
-    const int block_rows = xrows ? QUANT_CONVERT_ROWS : QUANT_ROWS;
+    const int group = group_size < K ? group_size : K;
+    /* output features per block: converted rows as panels, or in tiles of 6 or 4 features */
+    const int panels = xrows && quant_panels(format, M);
+    const int block_rows = panels ? QUANT_PANEL : xrows ? QUANT_CONVERT_ROWS : QUANT_ROWS;
     const int64_t blocks = (N + block_rows - 1) / block_rows;
     const float shift = xrows || wide ? 0.0f : quant_shift(format); /* wide steps hold q itself too */
     /* The offsets' sums of x over whole groups; int4's shift only over what the steps of one block and the
@@ -752,40 +939,43 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
     float *xshift = shift != 0.0f ? quant_x_sums(x, M, K, group_size, groups, xperm ? 32 : 0) : NULL;
 #pragma omp parallel num_threads(num_threads)
     {
-    uint16_t *converted = xrows ? malloc(sizeof(uint16_t) * QUANT_CONVERT_ROWS * (size_t)K) : NULL;
+    uint16_t *converted = xrows ? malloc(sizeof(uint16_t) * (size_t)block_rows * (size_t)K) : NULL;
+    uint16_t *panel = panels ? malloc(sizeof(uint16_t) * QUANT_PANEL * (size_t)K) : NULL;
+    float *table = panels ? malloc(sizeof(float) * QUANT_PANEL * (size_t)groups) : NULL;
+    float *panel_dots = panels ? malloc(sizeof(float) * QUANT_PANEL * (size_t)M) : NULL;
 #pragma omp for schedule(static)
     for (int64_t block = 0; block < blocks; block++) {
         const int64_t n = block * block_rows;
         const int count = N - n < block_rows ? (int)(N - n) : block_rows;
-        if (converted) quant_bf16_rows(w, format, row_bytes, n, count, K, permuted, converted);
+        if (converted) quant_bf16_rows(w, format, row_bytes, n, count, K, permuted, block_rows, converted);
+        if (panels) {
+            quant_panel_dots(converted, scales + n * groups, groups, group, xrows, K, M, count, panel, table,
+                             panel_dots);
+            quant_store(panel_dots, QUANT_PANEL, 0, M, n, count, N, groups, scales, offsets, shift, xsums, xshift,
+                        bias, y32, y16);
+            continue;
+        }
         for (int m0 = 0; m0 < M; m0 += QUANT_X_ROWS) {
             const int rows = M - m0 < QUANT_X_ROWS ? M - m0 : QUANT_X_ROWS;
             const float *xs = x + (int64_t)m0 * K, *xps = xperm ? xperm + (int64_t)m0 * K : NULL;
-            const uint16_t *xbs = xbf ? xbf + (int64_t)m0 * K : NULL;
             float dots[QUANT_CONVERT_ROWS * QUANT_X_ROWS];
             if (converted)
-                quant_bf16_dots(converted, scales + n * groups, groups, group_size < K ? group_size : K,
-                                xrows + (int64_t)m0 * K, K, rows, count, dots);
+                quant_bf16_dots(converted, scales + n * groups, groups, group, xrows + (int64_t)m0 * K, K, rows,
+                                count, dots);
             else if (wide)
                 for (int r = 0; r < count; r++)
                     dots[r] = quant_int4_wide(w, row_bytes, scales, groups, group_size, n + r, K, xbf);
             else
-                quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, xps, xbs, rows, dots);
-            for (int m = 0; m < rows; m++)
-                for (int r = 0; r < count; r++) {
-                    float value = dots[m * count + r] + (bias ? bias[n + r] : 0.0f);
-                    if (xsums || xshift)
-                        value += quant_group_terms(scales + (n + r) * groups,
-                                                   offsets ? offsets + (n + r) * groups : NULL, shift, groups,
-                                                   xsums ? xsums + (int64_t)(m0 + m) * groups : NULL,
-                                                   xshift ? xshift + (int64_t)(m0 + m) * groups : NULL);
-                    const int64_t at = (int64_t)(m0 + m) * N + n + r;
-                    if (y32) y32[at] = value;
-                    else bf16_store(y16 + at, value);
-                }
+                quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, xps,
+                           xbf ? xbf + (int64_t)m0 * K : NULL, rows, dots);
+            quant_store(dots, count, m0, rows, n, count, N, groups, scales, offsets, shift, xsums, xshift, bias,
+                        y32, y16);
         }
     }
     free(converted);
+    free(panel);
+    free(table);
+    free(panel_dots);
     }
     free(xrows);
     free(xsums);
