@@ -3,6 +3,7 @@
 storage format (int8, int4, FP8 e4m3, with and without offsets), edge shapes included."""
 
 import ctypes
+import math
 import platform
 import shutil
 import subprocess
@@ -372,6 +373,24 @@ def test_a_bfloat16_linear_gets_the_float32_result_rounded_by_the_kernel(fmt, ro
     if rows - 1 <= quant_module.NATIVE_MAX_ROWS and quant_module.native_runs(q, shifts, group_size, k):
         launched = quant_linear(x[1:], q, scales, group_size, bias, shifts, torch.bfloat16)
         assert launched.dtype == torch.bfloat16 and torch.equal(launched, expected[1:])
+
+
+@native
+@pytest.mark.parametrize("fmt, rows", [("int8", 1), ("int8", 8), ("int4", 20), ("int4", 70)])
+def test_bfloat16_outputs_round_denormals_and_ties_as_torch(fmt, rows):
+    """The kernel's bfloat16 stores (16 lanes at a time where it can) round as torch rounds, denormal results
+    included (vcvtneps2bf16 would flush them to zero): y against the float32 y rounded by torch, with the scales a
+    power of two that puts the largest output just under float32's smallest normal."""
+    generator = torch.Generator().manual_seed(rows)
+    n, k, group_size = 40, 128, 128 if fmt == "int8" else 64
+    q, scales, _ = random_format(fmt, n, k, group_size, False, generator)
+    x = torch.randint(-4, 5, (rows, k), generator=generator).to(torch.bfloat16)
+    dots = cpu_native.quant_gemm(x.float(), q, torch.ones_like(scales), group_size, None, None)
+    scales = torch.full_like(scales, 2.0 ** (-127 - math.ceil(math.log2(dots.abs().max().item()))))
+    got = cpu_native.quant_gemm(x, q, scales, group_size, None, None, out_dtype=torch.bfloat16)
+    wide = cpu_native.quant_gemm(x.float(), q, scales, group_size, None, None)
+    assert (wide.abs() < torch.finfo(torch.float32).tiny).all() and (got != 0).sum() > wide.numel() // 2
+    assert torch.equal(got.view(torch.int16), wide.to(torch.bfloat16).view(torch.int16))
 
 
 @native

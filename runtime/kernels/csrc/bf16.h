@@ -25,4 +25,21 @@ static inline void bf16_store(uint16_t *p, float value) {
     *p = (uint16_t)(bits >> 16);
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* bf16_store of the lanes of v in mask into p[0..16), the same integer rounding lane by lane (not vcvtneps2bf16,
+ * which flushes denormals to zero). */
+static inline void bf16_store16(uint16_t *p, __m512 v, __mmask16 mask) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+    const __m512i out = _mm512_mask_mov_epi32(_mm512_srli_epi32(rounded, 16), nan, quiet);
+    _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(out));
+}
+#endif
+
 #endif

@@ -887,6 +887,20 @@ static void quant_bf16_dots(const uint16_t *w, const float *scales, int groups, 
 static void quant_store(const float *dots, int stride, int m0, int rows, int64_t n, int count, int N, int groups,
                         const float *scales, const float *offsets, float shift, const float *xsums,
                         const float *xshift, const float *bias, float *y32, uint16_t *y16) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (!xsums && !xshift) { /* 16 features at a time: a fifth of a batch's time at 32 rows went here one by one */
+        for (int m = 0; m < rows; m++)
+            for (int r = 0; r < count; r += 16) {
+                const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
+                __m512 value = _mm512_maskz_loadu_ps(mask, dots + m * stride + r);
+                if (bias) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(mask, bias + n + r));
+                const int64_t at = (int64_t)(m0 + m) * N + n + r;
+                if (y32) _mm512_mask_storeu_ps(y32 + at, mask, value);
+                else bf16_store16(y16 + at, value, mask);
+            }
+        return;
+    }
+#endif
     for (int m = 0; m < rows; m++)
         for (int r = 0; r < count; r++) {
             float value = dots[m * stride + r] + (bias ? bias[n + r] : 0.0f);
