@@ -914,14 +914,18 @@ static void quant_store(const float *dots, int stride, int m0, int rows, int64_t
         }
 }
 
-/* Whether converted rows run as panels (quant_panel_dots) rather than in tiles (quant_bf16_dots): int4 from 64 rows
- * of x. Laying the rows out as a panel costs about what the tiles lose to their sums across lanes and, with groups,
- * to scaling 16 totals per group; int4's groups pay for it from 64 rows, int8's single scale not at all. One thread
- * of the AVX-512 BF16 EPYC, GMAC/s of int8 / int4 tiles against panels, N = K = 2048: 32 rows 74-79 / 67-73 against
- * 60-70 / 63-69, 255 rows 79-83 / 70-72 against 68-84 / 85-89; N = 3072, K = 768, 128 rows 51-67 / 58-60 against
- * 59-74 / 71-75; two threads, int4, 64 rows 127 -> 136, 255 rows 114 -> 172 (N = K = 2048). */
-#define QUANT_PANEL_MIN_ROWS_INT4 64
-static int quant_panels(int format, int M) { return format == TANDEM_QUANT_INT4 && M >= QUANT_PANEL_MIN_ROWS_INT4; }
+/* Whether converted rows run as panels (quant_panel_dots) rather than in tiles (quant_bf16_dots): int4, from 48 rows
+ * of x, or wherever it converts (past 16) with K up to 1536. Laying the rows out as a panel costs about what the
+ * tiles lose to their sums across lanes and, with groups, to scaling 16 totals per group; int4's groups pay for it,
+ * int8's single scale does not. Two threads of the AVX-512 BF16 EPYC, GMAC/s of int4's tiles against panels: N x K =
+ * 3352 x 768 at 17 / 32 / 48 rows 123 / 137 / 141 against 129 / 151 / 162, 768 x 1536 117 / 133 / 132 against 122 /
+ * 137 / 149; 2048 x 2048 131 / 145 / 147 against 103 / 127 / 146, 255 rows 114 against 172. One thread, N = K =
+ * 2048, int8 / int4: 32 rows 74-79 / 67-73 against 60-70 / 63-69, 255 rows 79-83 / 70-72 against 68-84 / 85-89. */
+#define QUANT_PANEL_MIN_ROWS_INT4 48
+#define QUANT_PANEL_SMALL_K 1536
+static int quant_panels(int format, int M, int K) {
+    return format == TANDEM_QUANT_INT4 && (M >= QUANT_PANEL_MIN_ROWS_INT4 || K <= QUANT_PANEL_SMALL_K);
+}
 
 /* y = x W^T (+ bias) into y32 (float32) or, where it is NULL, y16 (bfloat16, rounded once from the float32 sums). */
 static void quant_gemm(const uint8_t *w, int format, const float *scales, const float *offsets, int group_size,
@@ -943,7 +947,7 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
     const int groups = K > 0 ? (K + group_size - 1) / group_size : 0;
     const int group = group_size < K ? group_size : K;
     /* output features per block: converted rows as panels, or in tiles of 6 or 4 features */
-    const int panels = xrows && quant_panels(format, M);
+    const int panels = xrows && quant_panels(format, M, K);
     const int block_rows = panels ? QUANT_PANEL : xrows ? QUANT_CONVERT_ROWS : QUANT_ROWS;
     const int64_t blocks = (N + block_rows - 1) / block_rows;
     const float shift = xrows || wide ? 0.0f : quant_shift(format); /* wide steps hold q itself too */
