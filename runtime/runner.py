@@ -103,7 +103,9 @@ class ModelRunner:
             logger.info("quantized %d linears to %s: weights %.1f MiB", count, config.quantization,
                         weight_bytes(self.model) / 2**20)
         if self.device.type == "cpu" and self.kernel_backend == "torch":
-            pack_linears(self.model)
+            # An MTP head loads the embedding's own weight by name (runtime/models/qwen3_next/mtp.py): kept.
+            mtp = config.speculative is not None and config.speculative.method == "mtp"
+            pack_linears(self.model, embedding_from_head=not mtp)
         if self.device.type == "cpu":
             release_freed_memory()  # the float weights that quantizing or packing replaced
         self.lora = make_lora_manager(self.model, config)  # after packing: the slots wrap the packed linears

@@ -9,6 +9,7 @@ from runtime.layers.linear import (
     AMX_MAX_ROWS,
     PANEL_MAX_ROWS,
     PackedLinear,
+    PanelEmbedding,
     bfloat16_packs,
     bucket,
     native_max_rows,
@@ -146,3 +147,56 @@ def test_pack_linears_puts_the_lm_head_alone_on_the_panels():
     assert pack_linears(model) == 2
     panels = torch.float32 in (cpu_native.panel_dtypes() if cpu_native.available() else ())
     assert (model.lm_head.weight is None) == panels and model.block.lm_head.weight is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab, hidden", [(64, 16), (70, 37)])  # whole panels; a partial one and an odd K
+def test_an_embedding_tied_to_the_head_reads_its_rows_from_the_panels(dtype, vocab, hidden):
+    """Where the tied head keeps its panels alone, the embedding is a PanelEmbedding holding no tensor of its own:
+    the same rows as nn.Embedding for any shape of ids, and the vocabulary counted once in the model's tensors."""
+    if dtype not in (cpu_native.panel_dtypes() if cpu_native.available() else ()):
+        pytest.skip(f"the panel kernel does not run {dtype} here: the head keeps oneDNN's copy, the embedding its own")
+    torch.manual_seed(vocab)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, hidden).to(dtype)
+            self.lm_head = nn.Linear(hidden, vocab, bias=False).to(dtype)
+            self.lm_head.weight = self.embed.weight
+
+        def input_embeddings(self):
+            return self.embed
+
+    model = Model()
+    reference = nn.Embedding.from_pretrained(model.embed.weight.detach().clone())
+    pack_linears(model)
+    assert isinstance(model.embed, PanelEmbedding) and not list(model.embed.parameters())
+    assert not list(model.embed.buffers())
+    # The vocabulary is held by the head alone: its panels, and in float32 the weight as stored for the
+    # matrix-vector kernel (the embedding's own storage, not a copy).
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*model.parameters(),
+                                                                                      *model.buffers()]}
+    head = model.lm_head
+    assert sorted(storages.values()) == sorted(t.untyped_storage().nbytes() for t in (head.panels, head.dense_weight)
+                                               if t is not None)
+    ids = torch.tensor([[0, vocab - 1, 5], [31, 32, 33]])
+    out = model.embed(ids)
+    assert out.dtype == dtype and torch.equal(out, reference(ids))
+    assert model.embed(torch.tensor([], dtype=torch.long)).shape == (0, hidden)
+
+
+def test_an_untied_embedding_or_one_kept_by_the_caller_stays_an_embedding():
+    class Model(nn.Module):
+        def __init__(self, tied):
+            super().__init__()
+            self.embed, self.lm_head = nn.Embedding(64, 16), nn.Linear(16, 64, bias=False)
+            if tied:
+                self.lm_head.weight = self.embed.weight
+
+        def input_embeddings(self):
+            return self.embed
+
+    for model, kwargs in ((Model(tied=False), {}), (Model(tied=True), {"embedding_from_head": False})):
+        pack_linears(model, **kwargs)
+        assert type(model.embed) is nn.Embedding

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 from runtime import LLM, SamplingParams
 from runtime.config import EngineConfig
 from runtime.kernels import cpu_native
+from runtime.layers.linear import PanelEmbedding
 from runtime.layers.quantized import QuantLinear, QuantStackedLinear, weight_bytes
 
 PROMPTS = [
@@ -138,7 +139,8 @@ def test_which_linears_are_quantized(tiny_checkpoint):
     assert "model.layers.0.mamba.out_proj" in quantized and "model.layers.0.shared_mlp.input_linear" in quantized
     assert {"model.layers.0.block_sparse_moe.input_linear", "model.layers.0.block_sparse_moe.output_linear"} <= quantized
     assert not any("router" in name or "lm_head" in name or "embed" in name for name in quantized)
-    assert isinstance(model.model.embed_tokens, nn.Embedding) and model.model.embed_tokens.weight.dtype == torch.float32
+    embedding = model.model.embed_tokens  # read from the tied LM head's panels where they run
+    assert (embedding.weight_dtype if isinstance(embedding, PanelEmbedding) else embedding.weight.dtype) == torch.float32
     assert model.model.layers[0].mamba.conv1d.weight.dtype == torch.float32
 
 
