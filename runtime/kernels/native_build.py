@@ -37,6 +37,7 @@ C_SOURCE, CXX_SOURCE, HEADER = SOURCES / "cpu_native.c", SOURCES / "ops.cpp", SO
 QUANT_SOURCE = SOURCES / "quant.c"  # the quantized linears' kernels (C, built beside the core)
 LORA_SOURCE = SOURCES / "lora.c"  # batched LoRA (C, built beside the core)
 BF16_HEADER = SOURCES / "bf16.h"  # bfloat16 loads and stores, included by the C files
+PANEL_HEADER = SOURCES / "panel.h"  # the bfloat16 panel GEMM's steps, included by cpu_native.c and quant.c
 # What runs on the references when the library is missing: the warning names it.
 LOST = ("the Mamba state updates, scans and convs, the norms, SiLU, rotary, decode attention and the "
         "small-batch linears run on their torch references (several times slower)")
@@ -111,7 +112,7 @@ def library_path(features: frozenset[str]) -> Path:
     """Where the library for a CPU of these features lies (or will)."""
     c_flags, cxx_flags = flags()
     key = hashlib.sha256()
-    for source in (C_SOURCE, QUANT_SOURCE, CXX_SOURCE, HEADER, LORA_SOURCE, BF16_HEADER):
+    for source in (C_SOURCE, QUANT_SOURCE, CXX_SOURCE, HEADER, LORA_SOURCE, BF16_HEADER, PANEL_HEADER):
         key.update(source.read_bytes())
     key.update(" ".join([*c_flags, *cxx_flags, torch.__version__, *sorted(features)]).encode())
     return cache_dir() / f"libtandem_cpu-{key.hexdigest()[:16]}.so"

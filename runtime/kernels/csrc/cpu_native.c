@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "panel.h"
 #include "tandem_cpu.h"
 
 static inline float silu_f(float x) { return x / (1.0f + expf(-x)); }
@@ -845,7 +846,6 @@ void tandem_small_gemm(const void *w, int bf16, const float *x, const float *bia
  * bfloat16 weights (AVX-512 BF16): (panels, K / 2, PANEL, 2), pairs of k multiplied and summed by
  * vdpbf16ps, with x in bfloat16 too. The packed weights' features past N and k past K are zeros. */
 #define PANEL TANDEM_PANEL
-#define PANEL_ROWS 12
 /* From how many rows of x the next panel is prefetched. Fewer rows do too little arithmetic per byte for the
  * prefetch to hide anything, and the hardware's own prefetcher follows one thread's run of panels better without
  * it (8192 x 2048 weights from memory, one thread of an AVX-512 EPYC, GB/s with and without: float32 1 row 20.3 /
@@ -908,37 +908,14 @@ static inline __attribute__((always_inline)) void panel_f32(const float *w, cons
 }
 
 #if defined(__AVX512BF16__)
-/* As panel_f32 for a bfloat16 panel and bfloat16 x; K even. */
+/* As panel_f32 for a bfloat16 panel and bfloat16 x (panel.h's steps); K even. */
 static inline __attribute__((always_inline)) void panel_bf16(const uint16_t *w, const uint16_t *x, int64_t x_stride,
                                                             int K, const uint16_t *next, int passes, __m512 acc[][2],
                                                             const int ROWS) {
     for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int k = 0, ahead = 0; k < K; k += 2) {
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k * PANEL);
-        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + k * PANEL + 32);
-        if (next && (k / 2) % passes == 0 && ahead < K) {
-            _mm_prefetch((const char *)(next + ahead * PANEL), _MM_HINT_T1);
-            _mm_prefetch((const char *)(next + ahead * PANEL + 32), _MM_HINT_T1);
-            ahead += 2;
-        }
-        for (int r = 0; r < ROWS; r++) {
-            int32_t pair;
-            memcpy(&pair, x + r * x_stride + k, sizeof pair);
-            const __m512bh xr = (__m512bh)_mm512_set1_epi32(pair);
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, xr);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, xr);
-        }
-    }
+    panel_bf16_steps(w, x, x_stride, 0, K, next, passes, acc, ROWS);
 }
 #endif
-
-/* One panel for `rows` (1..PANEL_ROWS) rows, with the row count a constant in each case. */
-#define PANEL_CASES(CALL) \
-    switch (rows) { \
-    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
-    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; case 8: CALL(8); break; \
-    case 9: CALL(9); break; case 10: CALL(10); break; case 11: CALL(11); break; default: CALL(12); break; \
-    }
 #endif
 
 /* x: (M, K) rows x_stride apart, in the weights' type; y: (M, N) float32 or bfloat16 (y_bf16), rows

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "panel.h"
 #include "tandem_cpu.h"
 
 #define QUANT_ROWS 8 /* output features per block */
@@ -709,10 +710,9 @@ static void quant_bf16_dots(const uint16_t *w, const float *scales, int groups, 
 #undef QUANT_BF16_TILE
 }
 /* The converted panels: a block of PANEL converted rows laid out as the bfloat16 panel GEMM's panels (pairs of k
- * per feature, csrc/cpu_native.c's panel_bf16), then multiplied in its outer-product form, each step of a pair of k
- * one load of the panel's row and a broadcast per row of x: no sums across lanes, which the tiles of
- * quant_bf16_dots end with, and a block of rows of x held against 32 features. */
-#define QUANT_PANEL_ROWS 12 /* rows of x per block with one group: 24 accumulators */
+ * per feature), then multiplied by its steps (panel.h), each step of a pair of k one load of the panel's row and a
+ * broadcast per row of x: no sums across lanes, which the tiles of quant_bf16_dots end with, and a block of rows of
+ * x held against 32 features. */
 #define QUANT_PANEL_GROUP_ROWS 6 /* with more groups: 12 accumulators and 12 totals */
 
 /* 16 vectors of 16 32-bit values as their transpose: vector j holds value j of each. */
@@ -762,30 +762,14 @@ static void quant_panel_of_rows(const uint16_t *rows, int count, int K, uint16_t
         }
 }
 
-/* ROWS rows of x against the panel's pairs of k from k0 to k1, added into acc; ROWS a constant in each inlined copy. */
-static inline __attribute__((always_inline)) void quant_panel_steps(const uint16_t *panel, const uint16_t *x, int K,
-                                                                   int k0, int k1, __m512 acc[][2], const int ROWS) {
-    for (int k = k0; k < k1; k += 2) {
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(panel + k * QUANT_PANEL));
-        const __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(panel + k * QUANT_PANEL + 32));
-        for (int r = 0; r < ROWS; r++) {
-            int32_t pair;
-            memcpy(&pair, x + (int64_t)r * K + k, sizeof pair);
-            const __m512bh xr = (__m512bh)_mm512_set1_epi32(pair);
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, xr);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, xr);
-        }
-    }
-}
-
-/* dots[m * QUANT_PANEL + f] for ROWS <= QUANT_PANEL_ROWS rows of x with one group: each feature's sums times its
+/* dots[m * QUANT_PANEL + f] for ROWS <= PANEL_ROWS rows of x with one group: each feature's sums times its
  * scale (table[f]) once at the end. */
 static inline __attribute__((always_inline)) void quant_panel_block(const uint16_t *panel, const float *table,
                                                                    const uint16_t *x, int K, float *dots,
                                                                    const int ROWS) {
-    __m512 acc[QUANT_PANEL_ROWS][2];
+    __m512 acc[PANEL_ROWS][2];
     for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    quant_panel_steps(panel, x, K, 0, K, acc, ROWS);
+    panel_bf16_steps(panel, x, K, 0, K, NULL, 1, acc, ROWS);
     const __m512 s0 = _mm512_loadu_ps(table), s1 = _mm512_loadu_ps(table + 16);
     for (int r = 0; r < ROWS; r++) {
         _mm512_storeu_ps(dots + r * QUANT_PANEL, _mm512_mul_ps(acc[r][0], s0));
@@ -803,7 +787,7 @@ static inline __attribute__((always_inline)) void quant_panel_groups(const uint1
     for (int g = 0; g < groups; g++) {
         const int k0 = g * group, k1 = k0 + group < K ? k0 + group : K;
         for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        quant_panel_steps(panel, x, K, k0, k1, acc, ROWS);
+        panel_bf16_steps(panel, x, K, k0, k1, NULL, 1, acc, ROWS);
         const __m512 s0 = _mm512_loadu_ps(table + g * QUANT_PANEL), s1 = _mm512_loadu_ps(table + g * QUANT_PANEL + 16);
         for (int r = 0; r < ROWS; r++) {
             total[r][0] = _mm512_fmadd_ps(acc[r][0], s0, total[r][0]);
@@ -824,28 +808,16 @@ static void quant_panel_dots(const uint16_t *rows, const float *scales, int grou
     quant_panel_of_rows(rows, count, K, panel);
     for (int g = 0; g < groups; g++)
         for (int f = 0; f < QUANT_PANEL; f++) table[g * QUANT_PANEL + f] = f < count ? scales[f * groups + g] : 0.0f;
-    const int block = groups == 1 ? QUANT_PANEL_ROWS : QUANT_PANEL_GROUP_ROWS;
+    const int block = groups == 1 ? PANEL_ROWS : QUANT_PANEL_GROUP_ROWS;
     for (int m0 = 0; m0 < M; m0 += block) {
-        const int rows_of_x = M - m0 < block ? M - m0 : block;
+        const int rows = M - m0 < block ? M - m0 : block;
         const uint16_t *xs = x + (int64_t)m0 * K;
         float *out = dots + (int64_t)m0 * QUANT_PANEL;
 #define QUANT_PANEL_BLOCK(R) quant_panel_block(panel, table, xs, K, out, R)
 #define QUANT_PANEL_GROUPS(R) quant_panel_groups(panel, table, groups, group, xs, K, out, R)
-        if (groups == 1) switch (rows_of_x) {
-            case 1: QUANT_PANEL_BLOCK(1); break;
-            case 2: QUANT_PANEL_BLOCK(2); break;
-            case 3: QUANT_PANEL_BLOCK(3); break;
-            case 4: QUANT_PANEL_BLOCK(4); break;
-            case 5: QUANT_PANEL_BLOCK(5); break;
-            case 6: QUANT_PANEL_BLOCK(6); break;
-            case 7: QUANT_PANEL_BLOCK(7); break;
-            case 8: QUANT_PANEL_BLOCK(8); break;
-            case 9: QUANT_PANEL_BLOCK(9); break;
-            case 10: QUANT_PANEL_BLOCK(10); break;
-            case 11: QUANT_PANEL_BLOCK(11); break;
-            default: QUANT_PANEL_BLOCK(12); break;
-            }
-        else switch (rows_of_x) {
+        if (groups == 1) {
+            PANEL_CASES(QUANT_PANEL_BLOCK)
+        } else switch (rows) {
             case 1: QUANT_PANEL_GROUPS(1); break;
             case 2: QUANT_PANEL_GROUPS(2); break;
             case 3: QUANT_PANEL_GROUPS(3); break;
