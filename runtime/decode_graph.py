@@ -206,6 +206,12 @@ class _Recorder(TorchDispatchMode):
         self.marked = {_storage(t) for t in marked}
         self.failure: str | None = None
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Else torch wraps __torch_dispatch__ in torch._disable_dynamo, whose first call imports torch._dynamo (145
+        # MiB resident) for a recording that never runs under torch.compile.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)

@@ -161,11 +161,28 @@ def parameters_on_meta(enabled: bool) -> Iterator[None]:
             param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
+    # The modules' initializers are skipped too: a meta parameter gets uninitialised memory and the checkpoint's
+    # values anyway, and torch runs them on meta tensors through decompositions that import torch._dynamo (145
+    # MiB resident).
+    initializers = {name: getattr(torch.nn.init, name) for name in INITIALIZERS}
     torch.nn.Module.register_parameter = register_on_meta
+    for name in INITIALIZERS:
+        setattr(torch.nn.init, name, _skip_init)
     try:
         yield
     finally:
         torch.nn.Module.register_parameter = register
+        for name, function in initializers.items():
+            setattr(torch.nn.init, name, function)
+
+
+# torch.nn.init's in-place initializers (those torch's own modules call from reset_parameters).
+INITIALIZERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
+def _skip_init(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    return tensor
 
 
 def allocate_parameters(model: torch.nn.Module, device: torch.device) -> None:
@@ -173,8 +190,9 @@ def allocate_parameters(model: torch.nn.Module, device: torch.device) -> None:
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_meta:
-                module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device=device),
-                                                              requires_grad=param.requires_grad)
+                # torch.empty, not empty_like: a meta tensor's empty_like runs a decomposition that imports sympy
+                memory = torch.empty(param.shape, dtype=param.dtype, device=device)
+                module._parameters[name] = torch.nn.Parameter(memory, requires_grad=param.requires_grad)
 
 
 def build_model(config: EngineConfig, device: torch.device) -> CausalLM:

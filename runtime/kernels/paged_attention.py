@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.bias import causal_lower_right
 
 from runtime.kernels._triton_utils import dot_dtype, tl, triton
 from runtime.kernels.metadata import AttentionMetadata
@@ -199,12 +198,17 @@ def _chunks_attention(
     pages = pages[:, :num_blocks].long()
     k = _gather_pages(k_cache, pages, dtype)[:, :seq_len]
     v = _gather_pages(v_cache, pages, dtype)[:, :seq_len]
-    # SDPA wants (batch, heads, tokens, D); causal_lower_right aligns the n queries with the last n keys.
+    # SDPA wants (batch, heads, tokens, D); the mask aligns the n queries with the last n keys (what torch's
+    # causal_lower_right materializes on a CPU; importing it imports torch._dynamo, 145 MiB resident).
+    n = q.shape[1]
+    causal = n == seq_len
+    mask = None if causal else torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n)
     o = F.scaled_dot_product_attention(
         q.to(dtype).transpose(1, 2),
         k.transpose(1, 2),
         v.transpose(1, 2),
-        attn_mask=causal_lower_right(q.shape[1], seq_len),
+        attn_mask=mask,
+        is_causal=causal,
         scale=scale,
         enable_gqa=True,
     )

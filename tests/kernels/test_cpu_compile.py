@@ -10,7 +10,8 @@ from runtime.kernels.ssm_state_update import selective_state_update_ref
 @pytest.fixture
 def compiled(monkeypatch):
     monkeypatch.setenv(cpu_compile.ENV_VAR, "1")
-    assert cpu_compile.enable(True), "torch.compile must work on the CI machine"
+    assert cpu_compile.enable(True)
+    assert cpu_compile.works(), "torch.compile must work on the CI machine"
     yield
     cpu_compile.enable(False)
 
@@ -72,3 +73,29 @@ def test_compiling_is_kept_for_states_large_enough_to_pay(tiny_checkpoint):
     assert not compile_pays(EngineConfig(str(tiny_checkpoint("bamba")[0])).cache)
     assert compile_pays(EngineConfig(str(configs / "ibm-ai-platform__Bamba-9B")).cache)
     assert not compile_pays(EngineConfig(str(configs / "meta-llama__Llama-3.2-1B")).cache)
+
+
+def test_a_cpu_engine_imports_neither_the_compiler_nor_triton(tiny_checkpoint):
+    """torch.compile's import (torch._dynamo, 145 MiB resident) waits for a fused core to run, and with the native
+    kernels bound none does; Triton (71 MiB) is imported only where its kernels can run (a GPU, or its interpreter).
+    In a fresh process without TRITON_INTERPRET, since the suite's own process imports both."""
+    import os
+    import subprocess
+    import sys
+
+    from runtime.kernels import cpu_native
+
+    if not cpu_native.available():
+        pytest.skip("the native kernels are not built here")
+    directory = tiny_checkpoint("bamba")[0]
+    script = (
+        "import sys\n"
+        "from runtime import LLM, SamplingParams\n"
+        f"llm = LLM({str(directory)!r}, dtype='float32')\n"
+        "llm.generate(['The hybrid', 'A'], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)\n"
+        "print('torch._dynamo' in sys.modules, 'triton' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (cpu_compile.ENV_VAR, "TRITON_INTERPRET")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "False False", out.stdout + out.stderr[-3000:]
