@@ -94,7 +94,9 @@ SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.f
 
 def read_tensors(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor], Callable[[], Any]]]:
     """(name, load, lazy) for each tensor of one file; a tensor is read only when asked, and `lazy()` (a
-    safetensors slice) reads only the part a tensor-parallel rank indexes.
+    safetensors slice) reads only the part a tensor-parallel rank indexes. `load(into)` reads a safetensors
+    tensor straight into `into` where that has its shape and dtype and is a contiguous CPU tensor (and returns
+    it): a parameter filled without a second copy of it alive meanwhile.
 
     `load()` reads a safetensors tensor with plain reads rather than from safetensors' memory map: every page
     of a mapped file that was read counts in the process's resident memory until the file is closed, so a
@@ -104,13 +106,13 @@ def read_tensors(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor], 
         with safe_open(path, framework="pt") as f, open(path, "rb") as raw:
             for name in f.keys():
                 entry = header[name]
-                load = (lambda entry=entry: _read_tensor(raw, base, entry)) if entry["dtype"] in SAFETENSORS_DTYPES \
-                    else (lambda name=name: f.get_tensor(name))
+                load = (lambda into=None, entry=entry: _read_tensor(raw, base, entry, into)) \
+                    if entry["dtype"] in SAFETENSORS_DTYPES else (lambda into=None, name=name: f.get_tensor(name))
                 yield name, load, lambda name=name: f.get_slice(name)
         return
     tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     for name, tensor in tensors.items():
-        yield name, lambda tensor=tensor: tensor, lambda tensor=tensor: tensor
+        yield name, lambda into=None, tensor=tensor: tensor, lambda tensor=tensor: tensor
 
 
 def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
@@ -122,8 +124,11 @@ def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
     return 8 + size, header
 
 
-def _read_tensor(file: Any, base: int, entry: dict[str, Any]) -> torch.Tensor:
-    tensor = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
+def _read_tensor(file: Any, base: int, entry: dict[str, Any], into: torch.Tensor | None = None) -> torch.Tensor:
+    shape, dtype = tuple(entry["shape"]), SAFETENSORS_DTYPES[entry["dtype"]]
+    fits = (into is not None and into.device.type == "cpu" and tuple(into.shape) == shape and into.dtype == dtype
+            and into.is_contiguous())
+    tensor = into.detach() if fits else torch.empty(shape, dtype=dtype)
     start, end = entry["data_offsets"]
     if end > start:
         view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
@@ -135,7 +140,7 @@ def _read_tensor(file: Any, base: int, entry: dict[str, Any]) -> torch.Tensor:
             if not count:
                 raise CheckpointError(f"{file.name}: the file ends inside a tensor; is it whole?")
             done += count
-    return tensor
+    return into if fits else tensor
 
 
 @contextlib.contextmanager
@@ -313,7 +318,7 @@ def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | 
                 continue
             param, shard = params[target], shards.get(target)
             expected = shard.full_shape if shard is not None else tuple(param.shape)
-            shape = _shape(lazy()) if shard is not None else tuple((tensor := load()).shape)
+            shape = _shape(lazy()) if shard is not None else tuple((tensor := load(param)).shape)
             if shape != tuple(expected):
                 raise CheckpointError(
                     f"{name}: the checkpoint has shape {shape} but the model expects "
@@ -321,8 +326,9 @@ def load_weights(model: CausalLM, files: list[Path], shards: dict[str, Shard] | 
                 )
             if shard is not None:
                 tensor = _read_shard(shard, load, lazy, rank, tp)
-            with torch.no_grad():
-                param.copy_(tensor)
+            if tensor is not param:  # (read into it where the file's dtype is the parameter's)
+                with torch.no_grad():
+                    param.copy_(tensor)
             loaded.add(target)
             del param, tensor
             for released in on_loaded(target) if on_loaded is not None else ():

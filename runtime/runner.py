@@ -102,12 +102,14 @@ class ModelRunner:
             count = quantize_linears(self.model, config.quantization)
             logger.info("quantized %d linears to %s: weights %.1f MiB", count, config.quantization,
                         weight_bytes(self.model) / 2**20)
+        if self.device.type == "cpu":
+            release_freed_memory()  # the float weights that quantizing replaced, before packing adds its copies
         if self.device.type == "cpu" and self.kernel_backend == "torch":
             # An MTP head loads the embedding's own weight by name (runtime/models/qwen3_next/mtp.py): kept.
             mtp = config.speculative is not None and config.speculative.method == "mtp"
             pack_linears(self.model, embedding_from_head=not mtp)
         if self.device.type == "cpu":
-            release_freed_memory()  # the float weights that quantizing or packing replaced
+            release_freed_memory()  # and those that packing replaced
         self.lora = make_lora_manager(self.model, config)  # after packing: the slots wrap the packed linears
         self.num_pages = self._num_pages()
         self._check_checkpoint_room()

@@ -287,13 +287,17 @@ def panel_dtypes() -> tuple[torch.dtype, ...]:
     return tuple(dtype for bit, dtype in ((1, torch.float32), (2, torch.bfloat16)) if supported & bit)
 
 
-def pack_panels(weight: Tensor) -> Tensor:
+def pack_panels(weight: Tensor, in_place: bool = False) -> Tensor:
     """weight (N, K), float32 or bfloat16, in the layout panel_gemm reads: float32 (panels, K, PANEL),
     bfloat16 (panels, K / 2, PANEL, 2); features past N and a bfloat16 k past K are zeros. Written in place
     into the new tensor (no padded copy first): for an LM head, the padded copy was a second vocabulary's
-    worth of memory at start-up, the run's peak for a quantized model."""
+    worth of memory at start-up, the run's peak for a quantized model. `in_place`: into weight's own memory
+    where the layout fits it (contiguous, N whole panels, K even for bfloat16), weight's values lost; for a
+    weight nothing else reads, so that its two copies never coexist."""
     n, k = weight.shape
     bf16 = weight.dtype == torch.bfloat16
+    if in_place and weight.is_contiguous() and n % PANEL == 0 and not (bf16 and k % 2):
+        return _pack_panels_in_place(weight)
     if bf16 and k % 2:  # the kernel reads x and the weights in pairs of k: a zero pair member
         weight = torch.nn.functional.pad(weight, (0, 1))
         k += 1
@@ -307,6 +311,27 @@ def pack_panels(weight: Tensor) -> Tensor:
     target[:whole] = source[: whole * PANEL].reshape(whole, PANEL, *source.shape[1:])
     if whole < panels:
         target[whole, : n - whole * PANEL] = source[whole * PANEL :]
+    return out
+
+
+# Panels packed in place at a time (through a copy of their rows): 2 MiB of bfloat16 weights at K = 2048.
+PANELS_IN_PLACE = 16
+
+
+def _pack_panels_in_place(weight: Tensor) -> Tensor:
+    """pack_panels into weight's memory: panel p's values are rows p * PANEL .. (p + 1) * PANEL, the same bytes."""
+    n, k = weight.shape
+    bf16 = weight.dtype == torch.bfloat16
+    out = weight.view(n // PANEL, k // 2, PANEL, 2) if bf16 else weight.view(n // PANEL, k, PANEL)
+    rows = torch.empty(PANELS_IN_PLACE * PANEL, k, dtype=weight.dtype)
+    for p0 in range(0, n // PANEL, PANELS_IN_PLACE):
+        p1 = min(p0 + PANELS_IN_PLACE, n // PANEL)
+        source = rows[: (p1 - p0) * PANEL]
+        source.copy_(weight[p0 * PANEL : p1 * PANEL])
+        if bf16:
+            out[p0:p1].permute(0, 2, 1, 3).copy_(source.view(p1 - p0, PANEL, k // 2, 2))
+        else:
+            out[p0:p1].transpose(1, 2).copy_(source.view(p1 - p0, PANEL, k))
     return out
 
 

@@ -47,15 +47,21 @@ PACK_ROWS = 32  # the batch size the weights are laid out for
 
 class PackedLinear(nn.Module):
     """`onednn=False`: where the panel kernel runs, it takes every batch and oneDNN's copy is not made (the LM
-    head's case, module docstring); elsewhere oneDNN's copy is made regardless."""
+    head's case, module docstring); elsewhere oneDNN's copy is made regardless. `in_place`: linear's weight is
+    read by nothing else, and its panels, if they are its only copy, may take its memory (pack_panels)."""
 
-    def __init__(self, linear: nn.Linear, onednn: bool = True):
+    def __init__(self, linear: nn.Linear, onednn: bool = True, in_place: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         self.dtype = weight.dtype
         self.panel_max_rows = panel_max_rows(weight.dtype)
         panels = self.panel_max_rows > 0
+        # Below the panels, the matrix-vector kernel where it reads the weights faster (float32 at one row).
+        self.native_max_rows = native_max_rows(weight.dtype)
+        if panels:
+            self.native_max_rows = min(self.native_max_rows, cpu_native.GEMV_MAX_ROWS)
+        native = self.native_max_rows > 0
         # Float32 GEMMs: a float32 model, or a bfloat16 one on a CPU without bfloat16 instructions.
         self.float32 = weight.dtype == torch.float32 or not bfloat16_packs()
         # The type x is multiplied in (the caller casts to it).
@@ -69,15 +75,13 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
         # Copies of the weights for the decode-batch kernels where they pay: packed in panels (AVX-512),
         # and as stored for the matrix-vector kernel (float32 up to 4 rows; and on AVX2-only CPUs).
-        self.register_buffer("panels", cpu_native.pack_panels(weight) if panels else None, persistent=False)
+        # The panels go in place only where no other copy is made from the weight (they were the last one).
+        in_place = in_place and packed is None and not native
+        self.register_buffer("panels", cpu_native.pack_panels(weight, in_place) if panels else None,
+                             persistent=False)
         bias = linear.bias.detach().float() if panels and linear.bias is not None else None
         self.register_buffer("panel_bias", bias, persistent=False)
         self.amx_max_rows = amx_max_rows(weight.dtype, self.in_features) if panels else 0
-        # Below the panels, the matrix-vector kernel where it reads the weights faster (float32 at one row).
-        self.native_max_rows = native_max_rows(weight.dtype)
-        if panels:
-            self.native_max_rows = min(self.native_max_rows, cpu_native.GEMV_MAX_ROWS)
-        native = self.native_max_rows > 0
         self.register_buffer("dense_weight", weight.contiguous() if native else None, persistent=False)
         bias = linear.bias.detach().float() if native and linear.bias is not None else None
         self.register_buffer("dense_bias", bias, persistent=False)
@@ -136,20 +140,46 @@ def pack_linears(model: nn.Module, embedding_from_head: bool = True) -> int:
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype in packable:
                 head = parent is model and name == "lm_head"
-                setattr(parent, name, PackedLinear(child, onednn=not head))
+                # The head's panels take its weight's memory where nothing else will read that weight: not an
+                # embedding tied to it that keeps it (without embedding_from_head, an MTP head reads it too).
+                in_place = head and embedding_from_head and _read_by_panels_alone(model, child)
+                setattr(parent, name, PackedLinear(child, onednn=not head, in_place=in_place))
                 packed += 1
                 if head and embedding_from_head:
                     _tie_embedding_to_panels(model, child)
     return packed
 
 
+def _tied_embedding(model: nn.Module, linear: nn.Linear) -> nn.Module | None:
+    """The model's input embedding if its weight is this linear's."""
+    embedding = model.input_embeddings() if hasattr(model, "input_embeddings") else None
+    return embedding if getattr(embedding, "weight", None) is linear.weight else None
+
+
+def _read_by_panels_alone(model: nn.Module, linear: nn.Linear) -> bool:
+    """No module of `model` but `linear` and an embedding that a PanelEmbedding will replace holds a tensor in
+    the memory of linear's weight."""
+    memory = linear.weight.untyped_storage().data_ptr()
+    embedding = _tied_embedding(model, linear)
+    for module in model.modules():
+        if module is linear or (module is embedding and _reads_panels(module)):
+            continue
+        tensors = [*module._parameters.values(), *module._buffers.values()]
+        if any(t is not None and t.untyped_storage().data_ptr() == memory for t in tensors):
+            return False
+    return True
+
+
+def _reads_panels(embedding: nn.Module) -> bool:
+    """A PanelEmbedding can stand for this embedding."""
+    return type(embedding) is nn.Embedding and embedding.padding_idx is None and embedding.max_norm is None
+
+
 def _tie_embedding_to_panels(model: nn.Module, linear: nn.Linear) -> None:
     """The input embedding whose weight is the LM head's (tied) reads its rows from the head's panels instead."""
-    embedding = model.input_embeddings() if hasattr(model, "input_embeddings") else None
+    embedding = _tied_embedding(model, linear)
     packed = model.lm_head
-    if type(embedding) is not nn.Embedding or embedding.weight is not linear.weight or packed.weight is not None:
-        return
-    if embedding.padding_idx is not None or embedding.max_norm is not None:
+    if embedding is None or not _reads_panels(embedding) or packed.weight is not None or packed.panels is None:
         return
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

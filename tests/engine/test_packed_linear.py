@@ -200,3 +200,44 @@ def test_an_untied_embedding_or_one_kept_by_the_caller_stays_an_embedding():
     for model, kwargs in ((Model(tied=False), {}), (Model(tied=True), {"embedding_from_head": False})):
         pack_linears(model, **kwargs)
         assert type(model.embed) is nn.Embedding
+
+
+@pytest.mark.parametrize("case", ["untied", "tied", "mtp", "padding", "shared"])
+def test_the_heads_panels_take_its_weights_memory_only_where_nothing_else_reads_it(case):
+    """Packed in place, the head's vocabulary never has two copies alive at start-up. Not where anything else
+    keeps the weight: an embedding tied to it that stays an nn.Embedding (padding_idx; embedding_from_head=False,
+    as with an MTP head) or any other module holding it; those read the values they had."""
+    dtype = torch.bfloat16
+    if dtype not in (cpu_native.panel_dtypes() if cpu_native.available() else ()):
+        pytest.skip("the panel kernel does not run bfloat16 here: the head keeps oneDNN's copy")
+    torch.manual_seed(0)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(64, 16, padding_idx=0 if case == "padding" else None).to(dtype)
+            self.lm_head = nn.Linear(16, 64, bias=False).to(dtype)
+            if case != "untied":
+                self.lm_head.weight = self.embed.weight
+            if case == "shared":
+                self.other = nn.Linear(16, 64, bias=False)
+                self.other.weight = self.lm_head.weight
+
+        def input_embeddings(self):
+            return self.embed
+
+    model = Model()
+    weight = model.lm_head.weight.detach()
+    values, memory = weight.clone(), weight.data_ptr()
+    embedded = model.embed.weight.detach().clone()
+    reference = nn.Linear(16, 64, bias=False).to(dtype)
+    reference.weight.data = values
+    pack_linears(model, embedding_from_head=case != "mtp")
+    in_place = case in ("untied", "tied")
+    assert (model.lm_head.panels.data_ptr() == memory) == in_place
+    if not in_place:
+        assert torch.equal(weight, values)
+    x = torch.randn(3, 16).to(dtype)
+    torch.testing.assert_close(model.lm_head(x), reference(x), rtol=2.0**-7, atol=1e-2)
+    ids = torch.tensor([1, 63, 32])
+    assert torch.equal(model.embed(ids), embedded[ids])

@@ -240,6 +240,27 @@ def test_panel_gemm_matches_a_float32_matmul(dtype, rows, in_features, out_featu
     torch.testing.assert_close(out.float(), expected, **tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_features, in_features", [
+    (32 * 40, 24),  # whole panels, more than one pass of PANELS_IN_PLACE and a partial one
+    (64, 37),  # an odd K: in place for float32; bfloat16 pads a pair member, so a copy
+    (70, 16),  # a partial last panel: a copy
+])
+def test_panels_packed_in_place_equal_the_copy(dtype, out_features, in_features):
+    """pack_panels(in_place=True) lays out the same values in the weight's own memory where the layout fits it
+    (contiguous, whole panels, an even K for bfloat16), and copies elsewhere, leaving the weight as it was."""
+    torch.manual_seed(out_features)
+    weight = torch.randn(out_features, in_features).to(dtype)
+    original = weight.clone()
+    expected = cpu_native.pack_panels(weight)
+    packed = cpu_native.pack_panels(weight, in_place=True)
+    assert torch.equal(packed, expected) and packed.dtype == dtype
+    fits = out_features % cpu_native.PANEL == 0 and not (dtype == torch.bfloat16 and in_features % 2)
+    assert (packed.data_ptr() == weight.data_ptr()) == fits
+    if not fits:
+        assert torch.equal(weight, original)
+
+
 @pytest.mark.parametrize("rows, in_features, out_features, bias", [
     (1, 32, 53, True),  # one tile of k, a partial last panel
     (16, 64, 96, False),  # one tile of rows: the second pair of accumulators unused
