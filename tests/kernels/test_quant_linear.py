@@ -327,7 +327,7 @@ def test_int4_steps_of_two_and_four_blocks_match_the_reference(rows, n, k, group
 # BF16): int8 from 4 rows, int4 past 16; int4 in quant_pack_bf16's order for groups of multiples of 64, in k's
 # order for groups of 32 (and K's last 32 values where K is not a multiple of 64); blocks of 4 rows of x and a
 # remainder, tiles of 4 features and a remainder, N past one block of 8; offsets (GGUF's Q4_K) and a bias. int4
-# as panels (quant_panels) from 48 rows, or with K up to 1536: blocks of 6 rows of x and a remainder, partial
+# as panels (quant_panels) from 48 rows, or with K up to 1536: blocks of 12 rows of x and a remainder, partial
 # panels of 32 features; in tiles below 48 rows with K past 1536.
 CONVERTED_SHAPES = [(13, 96, 32), (8, 128, 64), (21, 224, 128), (6, 160, 160), (9, 192, 64), (19, 64, 64),
                     (10, 1664, 128)]

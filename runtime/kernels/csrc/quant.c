@@ -713,7 +713,6 @@ static void quant_bf16_dots(const uint16_t *w, const float *scales, int groups, 
  * per feature), then multiplied by its steps (panel.h), each step of a pair of k one load of the panel's row and a
  * broadcast per row of x: no sums across lanes, which the tiles of quant_bf16_dots end with, and a block of rows of
  * x held against 32 features. */
-#define QUANT_PANEL_GROUP_ROWS 6 /* with more groups: 12 accumulators and 12 totals */
 
 /* 16 vectors of 16 32-bit values as their transpose: vector j holds value j of each. */
 static inline __attribute__((always_inline)) void quant_transpose16(__m512i r[16]) {
@@ -777,26 +776,25 @@ static inline __attribute__((always_inline)) void quant_panel_block(const uint16
     }
 }
 
-/* As quant_panel_block for ROWS <= QUANT_PANEL_GROUP_ROWS rows and more groups: each group's sums times its
- * scales (table[g * QUANT_PANEL + f]) into totals. */
+/* As quant_panel_block with more groups: each group's sums times its scales (table[g * QUANT_PANEL + f]) added
+ * into the totals in `dots`, so that a block holds PANEL_ROWS rows in its 2 * PANEL_ROWS accumulators as with one
+ * group (the totals in registers too allowed 6 rows, and GCC spilled a panel row every step). */
 static inline __attribute__((always_inline)) void quant_panel_groups(const uint16_t *panel, const float *table,
                                                                     int groups, int group, const uint16_t *x, int K,
                                                                     float *dots, const int ROWS) {
-    __m512 acc[QUANT_PANEL_GROUP_ROWS][2], total[QUANT_PANEL_GROUP_ROWS][2];
-    for (int r = 0; r < ROWS; r++) total[r][0] = total[r][1] = _mm512_setzero_ps();
+    __m512 acc[PANEL_ROWS][2];
     for (int g = 0; g < groups; g++) {
         const int k0 = g * group, k1 = k0 + group < K ? k0 + group : K;
         for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
         panel_bf16_steps(panel, x, K, k0, k1, NULL, 1, acc, ROWS);
         const __m512 s0 = _mm512_loadu_ps(table + g * QUANT_PANEL), s1 = _mm512_loadu_ps(table + g * QUANT_PANEL + 16);
         for (int r = 0; r < ROWS; r++) {
-            total[r][0] = _mm512_fmadd_ps(acc[r][0], s0, total[r][0]);
-            total[r][1] = _mm512_fmadd_ps(acc[r][1], s1, total[r][1]);
+            float *total = dots + r * QUANT_PANEL;
+            const __m512 t0 = g ? _mm512_loadu_ps(total) : _mm512_setzero_ps();
+            const __m512 t1 = g ? _mm512_loadu_ps(total + 16) : _mm512_setzero_ps();
+            _mm512_storeu_ps(total, _mm512_fmadd_ps(acc[r][0], s0, t0));
+            _mm512_storeu_ps(total + 16, _mm512_fmadd_ps(acc[r][1], s1, t1));
         }
-    }
-    for (int r = 0; r < ROWS; r++) {
-        _mm512_storeu_ps(dots + r * QUANT_PANEL, total[r][0]);
-        _mm512_storeu_ps(dots + r * QUANT_PANEL + 16, total[r][1]);
     }
 }
 
@@ -808,23 +806,17 @@ static void quant_panel_dots(const uint16_t *rows, const float *scales, int grou
     quant_panel_of_rows(rows, count, K, panel);
     for (int g = 0; g < groups; g++)
         for (int f = 0; f < QUANT_PANEL; f++) table[g * QUANT_PANEL + f] = f < count ? scales[f * groups + g] : 0.0f;
-    const int block = groups == 1 ? PANEL_ROWS : QUANT_PANEL_GROUP_ROWS;
-    for (int m0 = 0; m0 < M; m0 += block) {
-        const int rows = M - m0 < block ? M - m0 : block;
+    for (int m0 = 0; m0 < M; m0 += PANEL_ROWS) {
+        const int rows = M - m0 < PANEL_ROWS ? M - m0 : PANEL_ROWS;
         const uint16_t *xs = x + (int64_t)m0 * K;
         float *out = dots + (int64_t)m0 * QUANT_PANEL;
 #define QUANT_PANEL_BLOCK(R) quant_panel_block(panel, table, xs, K, out, R)
 #define QUANT_PANEL_GROUPS(R) quant_panel_groups(panel, table, groups, group, xs, K, out, R)
         if (groups == 1) {
             PANEL_CASES(QUANT_PANEL_BLOCK)
-        } else switch (rows) {
-            case 1: QUANT_PANEL_GROUPS(1); break;
-            case 2: QUANT_PANEL_GROUPS(2); break;
-            case 3: QUANT_PANEL_GROUPS(3); break;
-            case 4: QUANT_PANEL_GROUPS(4); break;
-            case 5: QUANT_PANEL_GROUPS(5); break;
-            default: QUANT_PANEL_GROUPS(6); break;
-            }
+        } else {
+            PANEL_CASES(QUANT_PANEL_GROUPS)
+        }
 #undef QUANT_PANEL_GROUPS
 #undef QUANT_PANEL_BLOCK
     }
