@@ -156,7 +156,7 @@ def bind(name: str, device: torch.device, compile_cpu: bool = True) -> str:
     """
     global backend, _bound
     assert name in ("torch", "triton"), name
-    cpu_compile.enable(compile_cpu and name == "torch" and device.type == "cpu")
+    compiling = cpu_compile.enable(compile_cpu and name == "torch" and device.type == "cpu")
     if _bound and name != backend:
         logger.warning("kernel backend: %s (was %s); engines built earlier in this process now use it too",
                        name, backend)
@@ -164,6 +164,8 @@ def bind(name: str, device: torch.device, compile_cpu: bool = True) -> str:
     globals().update({op: implementations[which] for op, implementations in IMPLEMENTATIONS.items()})
     if name == "torch" and device.type == "cpu" and cpu_native.available():
         globals().update(NATIVE)
+    elif compiling:  # the references' fused cores will run: probe torch.compile now, outside any step
+        cpu_compile.works()
     backend, _bound = name, True
     global _last_bind
     _last_bind = (name, device, compile_cpu)

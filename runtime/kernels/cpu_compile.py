@@ -4,9 +4,9 @@ A reference op keeps its eager body for the tests and the oracle; a function dec
 `@fused` (its inner, mask-free core) runs through torch.compile's C++ backend on CPU engines,
 which fuses the gather, the update and the scatter of a state into one pass over memory.
 TANDEM_CPU_COMPILE=0 turns it off; a machine where compiling fails falls back to eager, with
-a warning, the first time a fused core runs. Not before: torch.compile imports torch._dynamo (145 MiB
-resident, a sixth of a 1B model's int4 weights), and where the native kernels take every call (cpu_native.py)
-no fused core runs at all.
+a warning. Whether it compiles is probed when the kernels are bound to the references, and where the native
+kernels are bound instead (cpu_native.py), which take every call they can, only if a fused core runs: torch.compile
+imports torch._dynamo (145 MiB resident, a sixth of a 1B model's int4 weights).
 """
 
 from __future__ import annotations
