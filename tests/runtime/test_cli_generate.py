@@ -69,10 +69,13 @@ def test_tokens_stream_as_they_come_and_ctrl_c_keeps_them(tiny_checkpoint):
     runs, and Ctrl-C must leave that text printed, exit 130 and print no traceback."""
     directory = tiny_checkpoint("mamba2")[0]
     # faulthandler: if the child hangs, SIGABRT makes it print every thread's Python stack (see below).
+    # SIGINT back to its default in the child, as in a terminal's foreground command: a suite run as a shell's
+    # background job inherits SIGINT ignored, and Python then installs no KeyboardInterrupt (the child ran on).
     proc = subprocess.Popen([*TANDEM, "generate", str(directory), "The page", "--ignore-eos", "--dtype", "float32",
                              "--max-tokens", "1000000", "--max-model-len", "2000000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = b""
     try:
         while len(seen) < len(b"The page") + 40:
