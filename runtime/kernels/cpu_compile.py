@@ -23,7 +23,7 @@ ENV_VAR = "TANDEM_CPU_COMPILE"
 
 F = TypeVar("F", bound=Callable)
 _enabled = False
-_works: bool | None = None  # whether torch.compile works here, probed once, at the first fused call
+_works: bool | None = None  # whether torch.compile works here, probed once (works())
 
 
 def fused(fn: F) -> F:
