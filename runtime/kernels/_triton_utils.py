@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import torch
 
 
 def triton_runs_here() -> bool:
     """Triton kernels can run in this process: under its interpreter (TRITON_INTERPRET, read as Triton reads it),
-    or with a GPU that torch sees. Elsewhere, a CPU-only machine, triton is not imported even where it is
-    installed: it costs 71 MiB resident (an eighth of a 1B model's int4 weights) for kernels that never launch."""
+    with a GPU that torch sees, or the process imported triton itself (bench/kernels.py compiles for a GPU it does
+    not have). Elsewhere, a CPU-only machine, triton is not imported even where it is installed: it costs 71 MiB
+    resident (an eighth of a 1B model's int4 weights) for kernels that never launch."""
+    if sys.modules.get("triton") is not None:
+        return True
     interpret = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on", "y")
     xpu = getattr(torch, "xpu", None)
     return interpret or torch.cuda.is_available() or bool(xpu is not None and xpu.is_available())
