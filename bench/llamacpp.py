@@ -20,7 +20,6 @@ How llama.cpp was built (the vendored copy of the llama-cpp-python 0.3.36 sdist)
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +76,6 @@ def run(model: Path, llamacpp: Path, num_prompts: int, input_len: int, output_le
         result = _single(model, llamacpp, input_len, output_len, threads)
     else:
         result = _batch(model, llamacpp, num_prompts, input_len, output_len, threads)
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return result
 
 
@@ -86,11 +84,12 @@ def _single(model: Path, llamacpp: Path, input_len: int, output_len: int, thread
     it warms up first. The table's total is the two together."""
     command = [str(binary(llamacpp, "llama-bench")), "-m", str(model), "-p", str(input_len), "-n", str(output_len),
                "-t", str(threads), "-r", "1", "-o", "json"]
-    tests = json.loads(_check(command))
+    stdout, peak = _check(command)
+    tests = json.loads(stdout)
     prompt = next(t for t in tests if t["n_prompt"] and not t["n_gen"])["avg_ns"] / 1e9
     generate = next(t for t in tests if t["n_gen"] and not t["n_prompt"])["avg_ns"] / 1e9
     return {"total_s": prompt + generate, "prefill_s": prompt, "step_s": generate / output_len,
-            "generated_tokens": output_len}
+            "generated_tokens": output_len, "peak_rss_mib": peak}
 
 
 def _batch(model: Path, llamacpp: Path, num_prompts: int, input_len: int, output_len: int, threads: int) -> dict:
@@ -99,16 +98,35 @@ def _batch(model: Path, llamacpp: Path, num_prompts: int, input_len: int, output
     command = [str(binary(llamacpp, "llama-batched-bench")), "-m", str(model), "-c", str(context), "-b", "2048",
                "-ub", "512", "-npp", str(input_len), "-ntg", str(output_len), "-npl", str(num_prompts),
                "-t", str(threads), "--output-format", "jsonl"]
-    row = [json.loads(line) for line in _check(command).splitlines() if line.startswith("{")][-1]
+    stdout, peak = _check(command)
+    row = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")][-1]
     return {"total_s": row["t"], "prefill_s": row["t_pp"], "step_s": row["t_tg"] / output_len,
-            "generated_tokens": num_prompts * output_len}
+            "generated_tokens": num_prompts * output_len, "peak_rss_mib": peak}
 
 
-def _check(command: list[str]) -> str:
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+def _check(command: list[str]) -> tuple[str, float]:
+    """The command's output and its peak resident memory in MiB. Not this interpreter's getrusage of its
+    children: a child's ru_maxrss keeps across exec the size of the process it was forked from (this one, which
+    floored every small model's figure). The command runs under PEAK_WRAPPER, a bare interpreter of ~10 MiB that
+    forks it and reports its children's peak."""
+    done = subprocess.run([sys.executable, "-S", "-c", PEAK_WRAPPER, *command], capture_output=True, text=True,
+                          check=False)
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    return done.stdout
+    *_, last = done.stderr.splitlines() or [""]
+    assert last.startswith("peak_kib "), done.stderr[-3000:]
+    return done.stdout, int(last.split()[1]) / 1024
+
+
+PEAK_WRAPPER = """
+import os, resource, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+_, status = os.waitpid(pid, 0)
+sys.stderr.write("\\npeak_kib %d\\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def weight_bytes_per_step(model: Path) -> int:

@@ -218,6 +218,17 @@ ENGINES = {"hf": run_hf, "tandem": run_tandem, "vllm": run_vllm, "baseline": run
 FLOAT_ONLY = ("hf", "vllm")
 
 
+def high_water_mib() -> float:
+    """This process's peak resident memory in MiB: VmHWM, not getrusage's ru_maxrss, which keeps across exec the
+    size of the process that started this one (the benchmark's parent, which floored the ~100M models' figures at
+    its own 735 MiB); ru_maxrss where /proc has no VmHWM."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child(args: argparse.Namespace) -> None:
     """One measurement in this process; prints one JSON line."""
     if args.engine in ("tandem", "baseline"):
@@ -226,7 +237,7 @@ def child(args: argparse.Namespace) -> None:
     directory = build_checkpoint(args.model, args.cache) if args.engine != "vllm" else checkpoint_dir(args)
     extra = (args.llamacpp,) if args.engine == "llamacpp" else ()
     result = ENGINES[args.engine](directory, args.dtype, ids, args.output_len, args.threads, *extra)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = high_water_mib()
     if "peak_rss_mib" not in result:  # llama.cpp's is its binary's own, not this interpreter's
         result["peak_rss_mib"] = max(peak, result.pop("rss_mib", 0.0))
     if args.prompts == 1:
