@@ -18,8 +18,9 @@ oneDNN. Where the CPU has AVX-512, the panel kernel (`panel_max_rows`): the weig
 panels of 32 output features, a block of rows times a panel in registers, the next panel prefetched;
 float32 from 5 to 64 rows (0.65-0.75x oneDNN's time at 32 rows, 0.75-0.86x at 64; up to 4 rows the
 AVX2 matrix-vector kernel below, which streamed the hybrid's weights from memory faster at one row,
-16.5 against 20 ms, and level at 4), bfloat16 (AVX-512 BF16) up to 4 rows (0.4-0.85x). Past 4 rows
-vdpbf16ps runs at the float32 rate and oneDNN's AMX GEMM wins, so where the CPU has AMX the same panels
+16.5 against 20 ms, and level at 4), bfloat16 (AVX-512 BF16) up to 4 rows (0.4-0.85x) where the CPU has AMX
+and up to 8 where it has not (oneDNN then multiplies with vdpbf16ps too; 0.63-0.83x from 5 to 8 rows on the
+EPYC). Past 4 rows vdpbf16ps runs at the float32 rate and oneDNN's AMX GEMM wins, so where the CPU has AMX the same panels
 go to AMX tiles up to 64 rows (`amx_max_rows`; 0.59-0.73x oneDNN's time at 32 rows, 0.73-0.95x at 64;
 docs/performance.md). On a CPU with AVX2 only (`native_max_rows`), the AVX2 kernels on the weights as
 stored: up to 4 rows the matrix-vector kernel (oneDNN read the weights at about half the machine's
@@ -211,6 +212,10 @@ class PanelEmbedding(nn.Module):
 
 # Up to how many rows the panel kernel beat oneDNN on the AVX-512 machine with AMX (docs/performance.md).
 PANEL_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 4}
+# bfloat16 where the CPU has AVX-512 BF16 but no AMX, so that oneDNN multiplies with the same vdpbf16ps: the panels
+# took 0.63-0.83x oneDNN's time from 5 to 8 rows on the EPYC (2 threads; 8512 x 2048, 2048 x 4096, 3352 x 768,
+# 768 x 1536), and 0.74-1.22x at 12 and 16.
+PANEL_MAX_ROWS_BF16_WITHOUT_AMX = 8
 AMX_MAX_ROWS = 64
 
 
@@ -219,6 +224,8 @@ def panel_max_rows(dtype: torch.dtype) -> int:
     as on a CPU without AVX-512). Not cached, as native_max_rows."""
     if not cpu_native.available() or dtype not in cpu_native.panel_dtypes():
         return 0
+    if dtype == torch.bfloat16 and not cpu_native.amx_ready():
+        return PANEL_MAX_ROWS_BF16_WITHOUT_AMX
     return PANEL_MAX_ROWS[dtype]
 
 

@@ -8,6 +8,7 @@ from runtime.kernels import cpu_native
 from runtime.layers.linear import (
     AMX_MAX_ROWS,
     PANEL_MAX_ROWS,
+    PANEL_MAX_ROWS_BF16_WITHOUT_AMX,
     PackedLinear,
     PanelEmbedding,
     bfloat16_packs,
@@ -65,7 +66,7 @@ def test_pack_linears_packs_float32_and_bfloat16_and_leaves_others():
 
 def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
     """Where the CPU has AVX-512 the panel kernel takes decode batches: float32 from 5 to 64 rows (the
-    matrix-vector kernel up to 4), bfloat16 (with AVX-512 BF16) up to 4, and then AMX tiles up to 64 where the
+    matrix-vector kernel up to 4), bfloat16 (with AVX-512 BF16) up to 4 beside AMX and 8 without, and then AMX tiles up to 64 where the
     CPU has AMX and K is whole tiles of 32 (else oneDNN, whose AMX GEMM wins over vdpbf16ps from 8 rows). The
     AVX2 kernels take float32 batches up to SMALL_GEMM_MAX_ROWS where there is no panel kernel; where oneDNN
     runs bfloat16 natively they never take bfloat16 ones."""
@@ -73,7 +74,9 @@ def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
     for dtype in (torch.float32, torch.bfloat16):
         linear = PackedLinear(nn.Linear(16, 8).to(dtype))
         if dtype in panel_dtypes:
-            assert linear.panel_max_rows == PANEL_MAX_ROWS[dtype] and linear.panels is not None
+            without_amx = dtype == torch.bfloat16 and not cpu_native.amx_ready()
+            rows = PANEL_MAX_ROWS_BF16_WITHOUT_AMX if without_amx else PANEL_MAX_ROWS[dtype]
+            assert linear.panel_max_rows == rows and linear.panels is not None
             gemv = cpu_native.GEMV_MAX_ROWS if dtype == torch.float32 else 0
             assert linear.native_max_rows == gemv and (linear.dense_weight is not None) == bool(gemv)
             amx = dtype == torch.bfloat16 and cpu_native.amx_ready()
@@ -92,7 +95,7 @@ def test_decode_batches_use_the_native_kernels_only_where_they_beat_onednn():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 4, 5, 64, 65])
+@pytest.mark.parametrize("rows", [1, 4, 5, 8, 9, 64, 65])
 @pytest.mark.parametrize("in_features", [96, 72])  # whole AMX tiles of k, or not
 def test_every_kernel_a_linear_picks_matches_nn_linear(dtype, rows, in_features):
     """The row counts either side of each kernel's limit, on whatever kernels this CPU picks."""
