@@ -302,12 +302,8 @@ def pack_panels(weight: Tensor, in_place: bool = False) -> Tensor:
         weight = torch.nn.functional.pad(weight, (0, 1))
         k += 1
     panels, whole = -(-n // PANEL), n // PANEL
-    if bf16:
-        out = weight.new_zeros(panels, k // 2, PANEL, 2)
-        target, source = out.permute(0, 2, 1, 3), weight.reshape(n, k // 2, 2)  # both indexed (feature, k)
-    else:
-        out = weight.new_zeros(panels, k, PANEL)
-        target, source = out.transpose(1, 2), weight
+    out = weight.new_zeros(_panels_shape(panels, k, bf16))
+    target, source = _by_feature(out), _in_pairs(weight)  # both indexed (feature, k)
     target[:whole] = source[: whole * PANEL].reshape(whole, PANEL, *source.shape[1:])
     if whole < panels:
         target[whole, : n - whole * PANEL] = source[whole * PANEL :]
@@ -321,18 +317,27 @@ PANELS_IN_PLACE = 16
 def _pack_panels_in_place(weight: Tensor) -> Tensor:
     """pack_panels into weight's memory: panel p's values are rows p * PANEL .. (p + 1) * PANEL, the same bytes."""
     n, k = weight.shape
-    bf16 = weight.dtype == torch.bfloat16
-    out = weight.view(n // PANEL, k // 2, PANEL, 2) if bf16 else weight.view(n // PANEL, k, PANEL)
+    out = weight.view(_panels_shape(n // PANEL, k, weight.dtype == torch.bfloat16))
     rows = torch.empty(PANELS_IN_PLACE * PANEL, k, dtype=weight.dtype)
     for p0 in range(0, n // PANEL, PANELS_IN_PLACE):
         p1 = min(p0 + PANELS_IN_PLACE, n // PANEL)
-        source = rows[: (p1 - p0) * PANEL]
-        source.copy_(weight[p0 * PANEL : p1 * PANEL])
-        if bf16:
-            out[p0:p1].permute(0, 2, 1, 3).copy_(source.view(p1 - p0, PANEL, k // 2, 2))
-        else:
-            out[p0:p1].transpose(1, 2).copy_(source.view(p1 - p0, PANEL, k))
+        source = _in_pairs(rows[: (p1 - p0) * PANEL].copy_(weight[p0 * PANEL : p1 * PANEL]))
+        _by_feature(out[p0:p1]).copy_(source.reshape(p1 - p0, PANEL, *source.shape[1:]))
     return out
+
+
+def _panels_shape(panels: int, k: int, bf16: bool) -> tuple[int, ...]:
+    return (panels, k // 2, PANEL, 2) if bf16 else (panels, k, PANEL)
+
+
+def _by_feature(panels: Tensor) -> Tensor:
+    """Packed panels as a view indexed (panel, feature, k), as _in_pairs indexes a weight's rows."""
+    return panels.permute(0, 2, 1, 3) if panels.dim() == 4 else panels.transpose(1, 2)
+
+
+def _in_pairs(weight: Tensor) -> Tensor:
+    """A weight's rows (N, K) as the panels hold them: bfloat16 in pairs of k, (N, K / 2, 2)."""
+    return weight.reshape(weight.shape[0], -1, 2) if weight.dtype == torch.bfloat16 else weight
 
 
 def panel_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:

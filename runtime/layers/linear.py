@@ -180,7 +180,7 @@ def _tie_embedding_to_panels(model: nn.Module, linear: nn.Linear) -> None:
     """The input embedding whose weight is the LM head's (tied) reads its rows from the head's panels instead."""
     embedding = _tied_embedding(model, linear)
     packed = model.lm_head
-    if embedding is None or not _reads_panels(embedding) or packed.weight is not None or packed.panels is None:
+    if embedding is None or not _reads_panels(embedding) or packed.weight is not None:
         return
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
