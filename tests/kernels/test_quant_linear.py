@@ -275,8 +275,11 @@ def pointer(tensor):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+# One row with K of whole steps of 32: int4's steps of two blocks without AVX-512 (quant_int4_row), across groups
+# of 32, 96 and 128 (a partial last group of 64).
 @pytest.mark.parametrize("rows, n, k, group_size", [(1, 7, 300, 16), (3, 13, 17, 17), (5, 4, 1000, 128),
-                                                     (2, 9, 95, 32), (1, 11, 200, 64), (4, 3, 80, 80)])
+                                                     (2, 9, 95, 32), (1, 11, 200, 64), (4, 3, 80, 80),
+                                                     (1, 9, 256, 32), (1, 5, 320, 128), (1, 7, 192, 96)])
 @pytest.mark.parametrize("offsets", [False, True])
 def test_each_build_matches_the_reference(built_library, fmt, rows, n, k, group_size, offsets):
     generator = torch.Generator().manual_seed(rows + n + k)

@@ -466,6 +466,65 @@ static void quant_expand(const uint8_t *row, int format, const float *scales, in
 }
 #endif
 
+/* Whether one row of x against int4 weights runs quant_int4_row's steps of two blocks (AVX2 without AVX-512): K
+ * whole steps of 32 values, and the groups whole steps too. */
+static inline int quant_one_row(int format, int M, int group_size, int K) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+    return format == TANDEM_QUANT_INT4 && M == 1 && K % 32 == 0 && (group_size % 32 == 0 || group_size >= K);
+#else
+    (void)format, (void)M, (void)group_size, (void)K;
+    return 0;
+#endif
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* Row n of int4 W against one row of x (float32), K and the groups as quant_one_row says: the raw nibbles u = q + 8
+ * (quant_store adds the -8), two blocks a step into four sums, each its own chain of multiply-adds, scaled into four
+ * totals at each group's end. quant_block's steps of one block for one feature wait for one accumulator twice
+ * every 16 values, and pay a group's bookkeeping every 128 (an AVX2 EPYC, one thread, 2048 x 2048 weights in the
+ * cache: 431 -> 300 us). */
+static float quant_int4_row(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
+                            int64_t n, int K, const float *x) {
+    const uint8_t *row = w + n * row_bytes;
+    const int group = group_size < K ? group_size : K;
+    const __m256i fifteen = _mm256_set1_epi32(15);
+    __m256 total[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) total[j] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m256 part[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) part[j] = _mm256_setzero_ps();
+        const int k1 = (g + 1) * group < K ? (g + 1) * group : K;
+        for (int k = g * group; k < k1; k += 32) {
+            /* the next feature's row, into L1 once per line of this one */
+            if ((k & 127) == 0) _mm_prefetch((const char *)(row + row_bytes + k / 2), _MM_HINT_T0);
+            const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2)));
+            const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2 + 8)));
+            part[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(first, fifteen)), _mm256_loadu_ps(x + k),
+                                      part[0]);
+            part[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4)), _mm256_loadu_ps(x + k + 8),
+                                      part[1]);
+            part[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(second, fifteen)),
+                                      _mm256_loadu_ps(x + k + 16), part[2]);
+            part[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4)), _mm256_loadu_ps(x + k + 24),
+                                      part[3]);
+        }
+        const __m256 scale = _mm256_set1_ps(scales[n * groups + g]);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) total[j] = _mm256_fmadd_ps(part[j], scale, total[j]);
+    }
+    return qv_sum(_mm256_add_ps(_mm256_add_ps(total[0], total[1]), _mm256_add_ps(total[2], total[3])));
+}
+
+#else
+static float quant_int4_row(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group_size,
+                            int64_t n, int K, const float *x) {
+    (void)w, (void)row_bytes, (void)scales, (void)groups, (void)group_size, (void)n, (void)K, (void)x;
+    return 0.0f;
+}
+#endif
+
 /* What each group adds besides its scaled raw values: offset times the group's sum of x (xsums), and shift *
  * scale times the sum of x over the part of the group summed as raw values (xshift). */
 static inline float quant_group_terms(const float *scales, const float *offsets, float shift, int groups,
@@ -904,6 +963,7 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
     uint16_t *xrows = NULL, *xbf = NULL;
     const int permuted = packs;
     const int wide = bf16_x && wide_steps; /* (int4's converted rows start past 16 rows) */
+    const int one_row = quant_one_row(format, M, group_size, K);
     if (bf16_x && converts) xrows = packs ? quant_pack_bf16(x, M, K, 0) : quant_x_bf16(x, M, K);
     else if (bf16_x && packs) xbf = quant_pack_bf16(x, M, K, wide);
     float *xperm = xrows || wide ? NULL : quant_permute(format, group_size, x, M, K);
@@ -947,6 +1007,9 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
             else if (wide)
                 for (int r = 0; r < count; r++)
                     dots[r] = quant_int4_wide(w, row_bytes, scales, groups, group_size, n + r, K, xbf);
+            else if (one_row)
+                for (int r = 0; r < count; r++)
+                    dots[r] = quant_int4_row(w, row_bytes, scales, groups, group_size, n + r, K, x);
             else
                 quant_dots(w, format, row_bytes, scales, groups, group_size, n, count, K, xs, xps,
                            xbf ? xbf + (int64_t)m0 * K : NULL, rows, dots);
