@@ -31,7 +31,9 @@ The LM head keeps its panels alone where they run (`onednn=False`): it multiplie
 (a prompt's rows only for prompt logprobs), and the panel kernel takes any number of rows at 0.96-1.15x oneDNN's
 time (N = K = 2048, 4 to 2048 rows, one and two threads of the AVX-512 EPYC), so oneDNN's copy of the largest
 weight would buy little and cost a vocabulary's worth of memory (125 MiB of the 1.23B hybrid, an eighth of its
-int4 model).
+int4 model). On a CPU with AVX2 only it keeps its weights as stored alone: the small GEMM takes up to
+SMALL_GEMM_MAX_ROWS rows at a time (1.2-1.6x oneDNN at 32 rows), and oneDNN's copy there is in float32, twice a
+bfloat16 vocabulary (250 MiB of the 1.23B hybrid).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ PACK_ROWS = 32  # the batch size the weights are laid out for
 
 
 class PackedLinear(nn.Module):
-    """`onednn=False`: where the panel kernel runs, it takes every batch and oneDNN's copy is not made (the LM
-    head's case, module docstring); elsewhere oneDNN's copy is made regardless. `in_place`: linear's weight is
+    """`onednn=False`: where the panel kernel runs, it takes every batch, and where the AVX2 kernels run instead,
+    they take every batch in pieces of their rows; oneDNN's copy is not made (the LM head's case, module
+    docstring); elsewhere (no native library) oneDNN's copy is made regardless. `in_place`: linear's weight is
     read by nothing else, and its panels, if they are its only copy, may take its memory (pack_panels)."""
 
     def __init__(self, linear: nn.Linear, onednn: bool = True, in_place: bool = False):
@@ -69,7 +72,7 @@ class PackedLinear(nn.Module):
         self.input_dtype = torch.float32 if self.float32 else weight.dtype
         # The layout oneDNN picks for 32-row inputs (vLLM's choice too) served 1 to 2048 rows best here.
         packed = None
-        if onednn or not panels:
+        if onednn or not (panels or native):
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(self.input_dtype), PACK_ROWS)
         self.register_buffer("weight", packed, persistent=False)
         bias = linear.bias.detach().to(self.input_dtype) if linear.bias is not None and packed is not None else None
@@ -92,8 +95,9 @@ class PackedLinear(nn.Module):
         rows = flat.shape[0]
         # Each kernel's bound is 0 where it does not run here (no native library): an empty batch takes oneDNN.
         if rows <= self.native_max_rows and self.native_max_rows:
-            kernel = cpu_native.gemv if rows <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
-            y = kernel(flat, self.dense_weight, self.dense_bias).to(self.dtype)
+            return self._native(flat).view(*x.shape[:-1], self.out_features)
+        if self.weight is None and not self.panel_max_rows:  # the LM head where the AVX2 kernels take every batch
+            y = torch.cat([self._native(piece) for piece in flat.split(self.native_max_rows)])
             return y.view(*x.shape[:-1], self.out_features)
         panels_only = self.weight is None  # every batch on the panels: on AMX tiles past a few rows where it runs
         if (rows <= self.panel_max_rows and self.panel_max_rows) or (panels_only and not self.amx_max_rows):
@@ -117,6 +121,11 @@ class PackedLinear(nn.Module):
             padded = padded.float()
         y = torch.ops.mkldnn._linear_pointwise(padded, self.weight, self.bias, "none", [], "").to(self.dtype)
         return y[:rows].view(*x.shape[:-1], self.out_features)
+
+
+    def _native(self, flat: torch.Tensor) -> torch.Tensor:
+        kernel = cpu_native.gemv if flat.shape[0] <= cpu_native.GEMV_MAX_ROWS else cpu_native.small_gemm
+        return kernel(flat, self.dense_weight, self.dense_bias).to(self.dtype)
 
 
 def bucket(rows: int) -> int:
@@ -180,7 +189,7 @@ def _tie_embedding_to_panels(model: nn.Module, linear: nn.Linear) -> None:
     """The input embedding whose weight is the LM head's (tied) reads its rows from the head's panels instead."""
     embedding = _tied_embedding(model, linear)
     packed = model.lm_head
-    if embedding is None or not _reads_panels(embedding) or packed.weight is not None:
+    if embedding is None or not _reads_panels(embedding) or packed.weight is not None or packed.panels is None:
         return
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

@@ -121,12 +121,14 @@ def test_native_kernels_switched_off_keep_no_second_weight_copy(monkeypatch):
 @pytest.mark.parametrize("in_features", [96, 71])  # whole AMX tiles of k, or an odd K (a zero pair member)
 def test_a_head_on_the_panels_alone_matches_nn_linear_at_every_row_count(dtype, rows, in_features):
     """onednn=False (the LM head): where the panel kernel runs, no oneDNN copy is made and every batch, a
-    prompt's rows for prompt logprobs included, runs on the panels (or AMX tiles); elsewhere oneDNN's as before."""
+    prompt's rows for prompt logprobs included, runs on the panels (or AMX tiles); where the AVX2 kernels run
+    instead, on those, past the small GEMM's rows in pieces of them (65 and 300 rows); elsewhere oneDNN's."""
     torch.manual_seed(rows)
     reference = nn.Linear(in_features, 70, bias=rows % 2 == 1).to(dtype)  # a partial last panel of 6 features
     head = PackedLinear(reference, onednn=False)
     panels = dtype in (cpu_native.panel_dtypes() if cpu_native.available() else ())
-    assert (head.weight is None) == panels and (head.panels is not None) == panels
+    native = native_max_rows(dtype) > 0
+    assert (head.weight is None) == (panels or native) and (head.panels is not None) == panels
     assert head.input_dtype == (dtype if panels or not head.float32 else torch.float32)
     x = torch.randn(rows, in_features).to(dtype)
     out = head(x.to(head.input_dtype))
@@ -136,8 +138,8 @@ def test_a_head_on_the_panels_alone_matches_nn_linear_at_every_row_count(dtype, 
 
 
 def test_pack_linears_puts_the_lm_head_alone_on_the_panels():
-    """The model's own `lm_head` keeps no oneDNN copy where the panels run; a layer of that name deeper in the
-    model is an ordinary linear and keeps it."""
+    """The model's own `lm_head` keeps no oneDNN copy where the panels or the AVX2 kernels run; a layer of that
+    name deeper in the model is an ordinary linear and keeps it."""
 
     class Model(nn.Module):
         def __init__(self):
@@ -148,8 +150,38 @@ def test_pack_linears_puts_the_lm_head_alone_on_the_panels():
 
     model = Model()
     assert pack_linears(model) == 2
-    panels = torch.float32 in (cpu_native.panel_dtypes() if cpu_native.available() else ())
-    assert (model.lm_head.weight is None) == panels and model.block.lm_head.weight is not None
+    alone = torch.float32 in (cpu_native.panel_dtypes() if cpu_native.available() else ()) or native_max_rows(
+        torch.float32) > 0
+    assert (model.lm_head.weight is None) == alone and model.block.lm_head.weight is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tied_head_on_the_avx2_kernels_holds_the_vocabulary_once(dtype):
+    """Where the AVX2 kernels take the head's every batch (no panels), the head keeps no oneDNN copy (in float32
+    there, twice a bfloat16 vocabulary) and reads the embedding's own tensor."""
+    if dtype in (cpu_native.panel_dtypes() if cpu_native.available() else ()) or not native_max_rows(dtype):
+        pytest.skip(f"the AVX2 kernels do not take {dtype}'s head here")
+    torch.manual_seed(0)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(100, 24).to(dtype)
+            self.lm_head = nn.Linear(24, 100, bias=False).to(dtype)
+            self.lm_head.weight = self.embed.weight
+
+        def input_embeddings(self):
+            return self.embed
+
+    model = Model()
+    reference = nn.Linear(24, 100, bias=False).to(dtype)
+    reference.weight.data = model.embed.weight.detach().clone()
+    pack_linears(model)
+    head = model.lm_head
+    assert head.weight is None and head.dense_weight.data_ptr() == model.embed.weight.data_ptr()
+    x = torch.randn(cpu_native.SMALL_GEMM_MAX_ROWS * 2 + 3, 24).to(dtype)  # three pieces
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2.0**-7, atol=1e-2)
+    torch.testing.assert_close(head(x.to(head.input_dtype)), reference(x), **tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -158,7 +190,7 @@ def test_an_embedding_tied_to_the_head_reads_its_rows_from_the_panels(dtype, voc
     """Where the tied head keeps its panels alone, the embedding is a PanelEmbedding holding no tensor of its own:
     the same rows as nn.Embedding for any shape of ids, and the vocabulary counted once in the model's tensors."""
     if dtype not in (cpu_native.panel_dtypes() if cpu_native.available() else ()):
-        pytest.skip(f"the panel kernel does not run {dtype} here: the head keeps oneDNN's copy, the embedding its own")
+        pytest.skip(f"the panel kernel does not run {dtype} here: the embedding keeps its own rows")
     torch.manual_seed(vocab)
 
     class Model(nn.Module):
@@ -212,7 +244,7 @@ def test_the_heads_panels_take_its_weights_memory_only_where_nothing_else_reads_
     as with an MTP head) or any other module holding it; those read the values they had."""
     dtype = torch.bfloat16
     if dtype not in (cpu_native.panel_dtypes() if cpu_native.available() else ()):
-        pytest.skip("the panel kernel does not run bfloat16 here: the head keeps oneDNN's copy")
+        pytest.skip("the panel kernel does not run bfloat16 here: the head has no panels")
     torch.manual_seed(0)
 
     class Model(nn.Module):
