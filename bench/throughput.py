@@ -162,11 +162,19 @@ def resident_bytes(runner) -> dict:
     """What the engine holds by design: the model's tensors (quantized weights at their packed size, scales,
     embeddings, the LM head) and the page pool, to set the peak memory against (the rest is the runtime's). Each
     memory once: a tied embedding and the head's copy for the AVX2 kernels are two tensors of one storage."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in [*runner.model.parameters(), *runner.model.buffers()]}
+    storages = dict(_storage(t) for t in [*runner.model.parameters(), *runner.model.buffers()])
     pool = getattr(runner, "pool", None)
     return {"model_bytes": sum(storages.values()),
             "pool_bytes": 0 if pool is None else pool.numel() * pool.element_size()}
+
+
+def _storage(tensor) -> tuple[object, int]:
+    """The memory a tensor lies in, and its bytes; oneDNN's packed weights (opaque tensors) hold their own."""
+    try:
+        storage = tensor.untyped_storage()
+    except NotImplementedError:
+        return id(tensor), tensor.numel() * tensor.element_size()
+    return storage.data_ptr(), storage.nbytes()
 
 
 def run_hf(directory: Path, dtype: str, ids: list[list[int]], output_len: int, threads: int) -> dict:
