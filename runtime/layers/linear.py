@@ -189,7 +189,8 @@ def _tie_embedding_to_panels(model: nn.Module, linear: nn.Linear) -> None:
     """The input embedding whose weight is the LM head's (tied) reads its rows from the head's panels instead."""
     embedding = _tied_embedding(model, linear)
     packed = model.lm_head
-    if embedding is None or not _reads_panels(embedding) or packed.weight is not None or packed.panels is None:
+    # A head with panels has no oneDNN copy (PackedLinear's onednn=False): its panels are all it holds.
+    if embedding is None or not _reads_panels(embedding) or packed.panels is None:
         return
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
