@@ -361,6 +361,18 @@ def amx_ready() -> bool:
     return available() and torch.ops.tandem.amx_ready()
 
 
+def quant_expands() -> bool:
+    """quant_gemm runs int4 batches past 16 rows on expanded tiles here (csrc/quant.c's quant_expands: a CPU with
+    AVX2 but not AVX-512)."""
+    return available() and _build_expands()
+
+
+@functools.cache
+def _build_expands() -> bool:
+    """The build's answer, asked once: every linear of a batch asks."""
+    return bool(_ops().quant_expands())
+
+
 def amx_gemm(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """panel_gemm for bfloat16 on AMX tiles (same arguments, same result up to summation order); K a
     multiple of AMX_K_MULTIPLE."""

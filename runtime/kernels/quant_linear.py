@@ -47,6 +47,11 @@ BFLOAT16_GEMM_MIN_ROWS = 512
 # dequantized, 256 rows 7.0 / 7.9 against 7.1 / 7.1, 512 rows 14.6 / 15.8 against 12.2 / 12.3 (oneDNN on the
 # bfloat16 weight itself: 2.6, 4.9, 10.0 ms).
 CONVERTED_MAX_ROWS = 256
+# With AVX2 but not AVX-512 (where quant_gemm expands int4 batches: cpu_native.quant_expands()) the native kernel
+# takes batches up to this many rows. There the float32 panels below lost at every count of rows up to 64 (two
+# threads of an AVX2 EPYC, ms, panels against quant_gemm: int8 2048 x 2048 at 32 / 64 rows 8.6 / 12.0 against
+# 4.3 / 8.4, 3352 x 768 5.1 / 6.4 against 3.0 / 6.0; int4 2048 x 2048 7.7 / 10.4 against 4.3 / 8.0).
+AVX2_NATIVE_MAX_ROWS = 64
 # A prefill's float32 panel of dequantized weights (256 features at K = 2048). Smaller panels cost more than the
 # dequantization: the GEMM packs x again for every panel (one thread, N = K = 2048, M = 512: 16-row panels 2x
 # slower than float32 nn.Linear, 2-8 MiB level with it).
@@ -206,6 +211,11 @@ def converts(x: Tensor, qweight: Tensor, group_size: int) -> bool:
             and (group_size % 32 == 0 or group_size >= k))
 
 
+def native_max_rows() -> int:
+    """Up to how many rows quant_gemm takes a batch here (converts() aside)."""
+    return AVX2_NATIVE_MAX_ROWS if cpu_native.quant_expands() else NATIVE_MAX_ROWS
+
+
 def bfloat16_gemm_runs(x: Tensor) -> bool:
     """A bfloat16 model's batch on the weight dequantized to bfloat16 and oneDNN's GEMM: from
     BFLOAT16_GEMM_MIN_ROWS rows, and from CONVERTED_MAX_ROWS where the CPU multiplies bfloat16 natively without
@@ -213,8 +223,9 @@ def bfloat16_gemm_runs(x: Tensor) -> bool:
     if x.dtype != torch.bfloat16:
         return False
     rows = x.shape[0]
-    return rows >= BFLOAT16_GEMM_MIN_ROWS or (rows >= CONVERTED_MAX_ROWS and bfloat16_native()
-                                              and not cpu_native.amx_ready())
+    if not bfloat16_native():  # oneDNN emulates bfloat16 there: 7x the float32 panels' time (AVX2, 4,096 rows)
+        return False
+    return rows >= BFLOAT16_GEMM_MIN_ROWS or (rows >= CONVERTED_MAX_ROWS and not cpu_native.amx_ready())
 
 
 def bfloat16_native() -> bool:
@@ -235,7 +246,7 @@ def amx_runs(x: Tensor, qweight: Tensor, offsets: Tensor | None, group_size: int
 def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
                  offsets: Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> Tensor:
     """quant_linear_ref on the native kernels where they run (a CPU with the library, a format native_runs
-    takes): up to NATIVE_MAX_ROWS rows in registers (quant_gemm; a bfloat16 model's batches up to
+    takes): up to native_max_rows() rows in registers (quant_gemm; a bfloat16 model's batches up to
     CONVERTED_MAX_ROWS too where converts()), then a bfloat16 model's batch on the weight dequantized to bfloat16
     (bfloat16_gemm_runs) or on AMX tiles (amx_runs), others by float32 panels (quant_linear_panels); on a CUDA
     device the Triton kernel (quant_linear_gpu.py), or _scaled_mm for FP8 per-channel weights with bfloat16
@@ -248,7 +259,7 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bi
         else:
             y = quant_linear_triton(flat, qweight, scales, group_size, bias, offsets)
     elif x.is_cpu and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
-        if flat.shape[0] <= NATIVE_MAX_ROWS or converts(flat, qweight, group_size):
+        if flat.shape[0] <= native_max_rows() or converts(flat, qweight, group_size):
             y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets, out_dtype)
         elif bfloat16_gemm_runs(flat):
             weight = dequantized_bfloat16(qweight, scales, group_size, offsets, flat.shape[1])

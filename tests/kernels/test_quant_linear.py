@@ -187,9 +187,10 @@ def test_every_fp8_byte_converts_as_torch_converts_it(lane):
 @pytest.mark.parametrize("rows", [17, 40])
 @pytest.mark.parametrize("offsets", [False, True])
 def test_a_prefill_runs_panel_by_panel(fmt, rows, offsets, monkeypatch):
-    """Past NATIVE_MAX_ROWS rows the launcher dequantizes panels of 16 features here (the last one partial) and
-    multiplies each into its columns of the result."""
+    """Past native_max_rows() rows the launcher dequantizes panels of 16 features here (the last one partial) and
+    multiplies each into its columns of the result (here past NATIVE_MAX_ROWS, with AVX2 only too)."""
     monkeypatch.setattr(quant_module, "PANEL_BYTES", 16 * 4 * 300)
+    monkeypatch.setattr(quant_module, "AVX2_NATIVE_MAX_ROWS", NATIVE_MAX_ROWS)
     assert quant_module.panel_rows(300) == 16
     generator = torch.Generator().manual_seed(rows)
     q, scales, shifts = random_format(fmt, 37, 300, 32, offsets, generator)
@@ -204,7 +205,9 @@ def test_a_prefill_runs_panel_by_panel(fmt, rows, offsets, monkeypatch):
 @pytest.mark.parametrize("offsets", [False, True])
 def test_a_long_bfloat16_prefill_runs_on_the_weight_dequantized_to_bfloat16(fmt, offsets, monkeypatch):
     """From BFLOAT16_GEMM_MIN_ROWS rows a bfloat16 x meets the reference's weight rounded to bfloat16 (what
-    transformers runs on the same weights), dequantized panel by panel (here of 16 features, the last partial)."""
+    transformers runs on the same weights), dequantized panel by panel (here of 16 features, the last partial),
+    where the CPU multiplies bfloat16 (AVX-512 BF16); elsewhere oneDNN would emulate it and the batch stays on the
+    float32 panels (exact weights)."""
     monkeypatch.setattr(quant_module, "PANEL_BYTES", 16 * 4 * 300)
     generator = torch.Generator().manual_seed(11)
     q, scales, shifts = random_format(fmt, 37, 300, 32, offsets, generator)
@@ -213,6 +216,9 @@ def test_a_long_bfloat16_prefill_runs_on_the_weight_dequantized_to_bfloat16(fmt,
     weight = quant_module.dequantize(q, scales, 32, 300, shifts)
     assert torch.equal(quant_module.dequantized_bfloat16(q, scales, 32, shifts, 300), weight.to(torch.bfloat16))
     got = quant_linear(x, q, scales, 32, bias, shifts)
+    if not quant_module.bfloat16_native():
+        assert torch.equal(got, quant_module.quant_linear_panels(x, q, scales, 32, bias, shifts))
+    assert got.dtype == (torch.bfloat16 if quant_module.bfloat16_native() else torch.float32)
     expected = torch.nn.functional.linear(x, weight.to(torch.bfloat16), bias.to(torch.bfloat16))
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2 * expected.abs().max().item())
     reference = quant_linear_ref(x, q, scales, 32, bias, shifts)  # float32 weights: bfloat16's rounding apart
@@ -235,6 +241,45 @@ def test_the_launcher_takes_the_native_kernel_for_every_format(fmt):
     got = quant_linear(x, q, scales, 32, None, shifts)
     assert torch.equal(got, cpu_native.quant_gemm(x, q, scales, 32, None, shifts))
     assert not torch.equal(got, quant_linear_ref(x, q, scales, 32, None, shifts))
+
+
+avx2_only = pytest.mark.skipif(not cpu_native.quant_expands(),
+                               reason="expanded tiles and longer native batches: a CPU with AVX2 but not AVX-512")
+
+
+@avx2_only
+@pytest.mark.parametrize("fmt", FORMATS)
+# Rows of x: from where int4 expands (17: tiles of 3 rows with 2 left), 1 left, none left, AVX2_NATIVE_MAX_ROWS.
+@pytest.mark.parametrize("rows", [17, 19, 33, quant_module.AVX2_NATIVE_MAX_ROWS])
+# N past one block of expanded rows (32 features at K = 1000, 108 at K = 300) with 1 to 3 of a 4-feature tile
+# left; K not a multiple of 8 (a scalar tail); partial groups.
+@pytest.mark.parametrize("n, k, group_size", [(37, 1000, 128), (113, 300, 32), (6, 97, 97), (34, 1000, 48),
+                                              (35, 1004, 1004)])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_avx2_batches_match_the_reference(fmt, rows, n, k, group_size, offsets):
+    """With AVX2 only the launcher takes batches up to AVX2_NATIVE_MAX_ROWS to quant_gemm, where int4 expands a block
+    of weight rows to float32 once (q * scale + offset, exactly the reference's values) and runs every row of x
+    against it; int8 and FP8 run the steps of 4 rows."""
+    generator = torch.Generator().manual_seed(rows * 1000 + n + k)
+    q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
+    x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
+    expected = quant_linear_ref(x, q, scales, group_size, bias, shifts)
+    got = cpu_native.quant_gemm(x, q, scales, group_size, bias, shifts)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    assert torch.equal(quant_linear(x, q, scales, group_size, bias, shifts), got)
+    # A bfloat16 model's linear: the same float32 sums, rounded once (to within one bfloat16 step of the reference's)
+    bf16 = cpu_native.quant_gemm(x.to(torch.bfloat16), q, scales, group_size, bias, shifts, torch.bfloat16)
+    wide = quant_linear_ref(x.to(torch.bfloat16).float(), q, scales, group_size, bias, shifts)
+    torch.testing.assert_close(bf16.float(), wide, rtol=2 ** -7, atol=1e-5 * wide.abs().max().item())
+
+
+@avx2_only
+def test_past_avx2_native_max_rows_a_batch_runs_by_panels():
+    q, scales, _ = random_format("int4", 20, 64, 64, False, torch.Generator().manual_seed(5))
+    x = torch.randn(quant_module.AVX2_NATIVE_MAX_ROWS + 1, 64)
+    assert quant_module.native_max_rows() == quant_module.AVX2_NATIVE_MAX_ROWS
+    assert torch.equal(quant_linear(x, q, scales, 64, None), quant_module.quant_linear_panels(x, q, scales, 64, None))
+    assert torch.equal(quant_linear(x[:-1], q, scales, 64, None), cpu_native.quant_gemm(x[:-1], q, scales, 64, None))
 
 
 def test_native_runs_refuses_int4_groups_of_part_of_a_block():
@@ -276,10 +321,11 @@ def pointer(tensor):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 # One row with K of whole steps of 32: int4's steps of two blocks without AVX-512 (quant_int4_row), across groups
-# of 32, 96 and 128 (a partial last group of 64).
+# of 32, 96 and 128 (a partial last group of 64); 17 rows over more than one block of expanded int4 weights (AVX2).
 @pytest.mark.parametrize("rows, n, k, group_size", [(1, 7, 300, 16), (3, 13, 17, 17), (5, 4, 1000, 128),
                                                      (2, 9, 95, 32), (1, 11, 200, 64), (4, 3, 80, 80),
-                                                     (1, 9, 256, 32), (1, 5, 320, 128), (1, 7, 192, 96)])
+                                                     (1, 9, 256, 32), (1, 5, 320, 128), (1, 7, 192, 96),
+                                                     (17, 37, 1000, 128), (17, 113, 300, 32)])
 @pytest.mark.parametrize("offsets", [False, True])
 def test_each_build_matches_the_reference(built_library, fmt, rows, n, k, group_size, offsets):
     generator = torch.Generator().manual_seed(rows + n + k)
@@ -375,7 +421,7 @@ def test_a_bfloat16_linear_gets_the_float32_result_rounded_by_the_kernel(fmt, ro
     # A float32 caller keeps the float32 result; the launcher passes the model's dtype through where it takes
     # this kernel (a decode's rows).
     assert cpu_native.quant_gemm(x, q, scales, group_size, bias, shifts).dtype == torch.float32
-    if rows - 1 <= quant_module.NATIVE_MAX_ROWS and quant_module.native_runs(q, shifts, group_size, k):
+    if rows - 1 <= quant_module.native_max_rows() and quant_module.native_runs(q, shifts, group_size, k):
         launched = quant_linear(x[1:], q, scales, group_size, bias, shifts, torch.bfloat16)
         assert launched.dtype == torch.bfloat16 and torch.equal(launched, expected[1:])
 
@@ -440,7 +486,7 @@ def test_moe_experts_run_the_native_kernels(scheme):
             got = experts(expert, x)
             torch.testing.assert_close(got, quant_linear_ref(x, q, scales, experts.group_size, None),
                                        rtol=1e-5, atol=1e-5 * got.abs().max().item())
-            if rows <= NATIVE_MAX_ROWS:
+            if rows <= quant_module.native_max_rows():
                 assert torch.equal(got, cpu_native.quant_gemm(x, q, scales, experts.group_size, None))
 
 

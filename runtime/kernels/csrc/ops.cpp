@@ -617,6 +617,8 @@ int64_t panel_gemm_dtypes() { return tandem_panel_gemm_dtypes(); }
 
 bool amx_ready() { return tandem_amx_ready() != 0; }
 
+bool quant_expands() { return tandem_quant_expands() != 0; }
+
 // Batched LoRA (lora.c). The pools are (S, R, in), (S, R, out) in float32 or bfloat16 (the model's) and a float32
 // bias (S, out); the last slot is the zero slot
 // the base model's rows point at, and the kernels skip those rows.
@@ -696,6 +698,7 @@ TORCH_LIBRARY(tandem, m) {
   // What this build runs, for the launchers' choices: no tensors, so one kernel for every dispatch key.
   m.def("panel_gemm_dtypes() -> int", &panel_gemm_dtypes);
   m.def("amx_ready() -> bool", &amx_ready);
+  m.def("quant_expands() -> bool", &quant_expands);
   m.def("lora_shrink(Tensor x, Tensor lora_a, Tensor indices, Tensor(a!) out) -> ()");
   m.def("lora_expand(Tensor s, Tensor lora_b, Tensor lora_bias, Tensor indices, Tensor(a!) y) -> ()");
 }
