@@ -19,7 +19,8 @@
  * the weights: int8 and FP8 read a quarter of float32's bytes, int4 an eighth.
  *
  * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory once
- * for every row of x (blocks of up to 4 rows of x read them again from L1). A prefill runs
+ * for every row of x (blocks of up to 4 rows of x read them again from L1); with AVX2 but not AVX-512, int4 batches
+ * from 17 rows expand a block's weights to float32 once instead (quant_expands). A prefill runs
  * tandem_quant_dequantize on panels of rows and a float32 GEMM on each (quant_linear.py). */
 
 #include <math.h>
