@@ -223,7 +223,7 @@ def bfloat16_gemm_runs(x: Tensor) -> bool:
     if x.dtype != torch.bfloat16:
         return False
     rows = x.shape[0]
-    if not bfloat16_native():  # oneDNN emulates bfloat16 there: 7x the float32 panels' time (AVX2, 4,096 rows)
+    if not bfloat16_native():  # oneDNN emulates bfloat16 there: 3.5-6.5x the float32 panels' time (AVX2, 4,096 rows)
         return False
     return rows >= BFLOAT16_GEMM_MIN_ROWS or (rows >= CONVERTED_MAX_ROWS and not cpu_native.amx_ready())
 
