@@ -47,7 +47,7 @@ BFLOAT16_GEMM_MIN_ROWS = 512
 # dequantized, 256 rows 7.0 / 7.9 against 7.1 / 7.1, 512 rows 14.6 / 15.8 against 12.2 / 12.3 (oneDNN on the
 # bfloat16 weight itself: 2.6, 4.9, 10.0 ms).
 CONVERTED_MAX_ROWS = 256
-# With AVX2 but not AVX-512 (where quant_gemm expands int4 batches: cpu_native.quant_expands()) the native kernel
+# With AVX2 but not AVX-512 (where quant_gemm expands int4 and FP8 batches: cpu_native.quant_expands()) the native kernel
 # takes batches up to this many rows. There the float32 panels below lost at every count of rows up to 64 (two
 # threads of an AVX2 EPYC, ms, panels against quant_gemm: int8 2048 x 2048 at 32 / 64 rows 8.6 / 12.0 against
 # 4.3 / 8.4, 3352 x 768 5.1 / 6.4 against 3.0 / 6.0; int4 2048 x 2048 7.7 / 10.4 against 4.3 / 8.0).

@@ -249,7 +249,7 @@ avx2_only = pytest.mark.skipif(not cpu_native.quant_expands(),
 
 @avx2_only
 @pytest.mark.parametrize("fmt", FORMATS)
-# Rows of x: from where int4 expands (17: tiles of 3 rows with 2 left), 1 left, none left, AVX2_NATIVE_MAX_ROWS.
+# Rows of x: from where int4 and FP8 expand (17: tiles of 3 rows with 2 left), 1 left, none left, AVX2_NATIVE_MAX_ROWS.
 @pytest.mark.parametrize("rows", [17, 19, 33, quant_module.AVX2_NATIVE_MAX_ROWS])
 # N past one block of expanded rows (32 features at K = 1000, 108 at K = 300) with 1 to 3 of a 4-feature tile
 # left; K not a multiple of 8 (a scalar tail); partial groups.
@@ -257,9 +257,9 @@ avx2_only = pytest.mark.skipif(not cpu_native.quant_expands(),
                                               (35, 1004, 1004)])
 @pytest.mark.parametrize("offsets", [False, True])
 def test_avx2_batches_match_the_reference(fmt, rows, n, k, group_size, offsets):
-    """With AVX2 only the launcher takes batches up to AVX2_NATIVE_MAX_ROWS to quant_gemm, where int4 expands a block
-    of weight rows to float32 once (q * scale + offset, exactly the reference's values) and runs every row of x
-    against it; int8 and FP8 run the steps of 4 rows."""
+    """With AVX2 only the launcher takes batches up to AVX2_NATIVE_MAX_ROWS to quant_gemm, where int4 and FP8 expand
+    a block of weight rows to float32 once (q * scale + offset, exactly the reference's values) and run every row of
+    x against it; int8 runs the steps of 4 rows."""
     generator = torch.Generator().manual_seed(rows * 1000 + n + k)
     q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
     x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
@@ -321,7 +321,7 @@ def pointer(tensor):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 # One row with K of whole steps of 32: int4's steps of two blocks without AVX-512 (quant_int4_row), across groups
-# of 32, 96 and 128 (a partial last group of 64); 17 rows over more than one block of expanded int4 weights (AVX2).
+# of 32, 96 and 128 (a partial last group of 64); 17 rows over more than one block of expanded weights (AVX2).
 @pytest.mark.parametrize("rows, n, k, group_size", [(1, 7, 300, 16), (3, 13, 17, 17), (5, 4, 1000, 128),
                                                      (2, 9, 95, 32), (1, 11, 200, 64), (4, 3, 80, 80),
                                                      (1, 9, 256, 32), (1, 5, 320, 128), (1, 7, 192, 96),

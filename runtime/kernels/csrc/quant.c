@@ -19,8 +19,8 @@
  * the weights: int8 and FP8 read a quarter of float32's bytes, int4 an eighth.
  *
  * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory once
- * for every row of x (blocks of up to 4 rows of x read them again from L1); with AVX2 but not AVX-512, int4 batches
- * from 17 rows expand a block's weights to float32 once instead (quant_expands). A prefill runs
+ * for every row of x (blocks of up to 4 rows of x read them again from L1); with AVX2 but not AVX-512, int4 and FP8
+ * batches from 17 rows expand a block's weights to float32 once instead (quant_expands). A prefill runs
  * tandem_quant_dequantize on panels of rows and a float32 GEMM on each (quant_linear.py). */
 
 #include <math.h>
@@ -537,19 +537,21 @@ static void quant_dequantize_row(const uint8_t *row, int format, const float *sc
     }
 }
 
-/* Whether a batch of M rows runs on expanded tiles (quant_expanded_dots): int4 from 17 rows, with AVX2 but not
- * AVX-512. The steps above convert a block's nibbles again for every 4 rows of x; expanded once, the weights cost 4
- * bytes a value from L2 instead, which pays for int4 but not for int8's cheaper bytes. Two threads of an AVX2 EPYC,
- * the two builds' calls taking turns, ms, steps against expanded tiles: int4 3352 x 768 at 24 / 32 / 64 rows 3.06 /
- * 4.07 / 8.22 against 2.57 / 3.26 / 6.55, 8192 x 2048 17.3 / 21.7 / 42.1 against 16.3 / 19.0 / 38.2 (at 5 to 16
- * rows each way about as often); int8 the other way at every count of rows from 2 to 64 (2048 x 2048 at 32 rows:
- * 4.89 against 5.17). FP8 not measured: it stays on the steps. */
+/* Whether a batch of M rows runs on expanded tiles (quant_expanded_dots): int4 and FP8 from 17 rows, with AVX2 but
+ * not AVX-512. The steps above convert a block's values again for every 4 rows of x; expanded once, the weights
+ * cost 4 bytes a value from L2 instead, which pays for int4's nibbles and FP8's bytes (each a few instructions to
+ * convert) but not for int8's. Two threads of an AVX2 EPYC, two builds of this file taking turns, ms, steps against
+ * expanded tiles: int4 3352 x 768 at 24 / 32 / 64 rows 3.06 / 4.07 / 8.22 against 2.57 / 3.26 / 6.55, 8192 x 2048
+ * 17.3 / 21.7 / 42.1 against 16.3 / 19.0 / 38.2 (at 5 to 16 rows each way about as often); FP8 at 17 / 32 / 64
+ * rows 3352 x 768 1.90 / 3.47 / 7.15 against 1.74 / 3.21 / 5.99, 8192 x 2048 11.3 / 20.2 / 40.4 against 10.7 /
+ * 19.5 / 35.2 (at 8 rows the steps win); int8 the other way at every count of rows from 2 to 64 (2048 x 2048 at 32
+ * rows: 4.89 against 5.17). */
 #define QUANT_EXPAND_MIN_ROWS 17
 /* Bytes of float32 weights a thread expands at a time: they stay in L2 while every row of x passes over them. */
 #define QUANT_EXPAND_BYTES 131072
 static inline int quant_expands(int format, int M) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
-    return format == TANDEM_QUANT_INT4 && M >= QUANT_EXPAND_MIN_ROWS;
+    return format != TANDEM_QUANT_INT8 && M >= QUANT_EXPAND_MIN_ROWS;
 #else
     (void)format, (void)M;
     return 0;
