@@ -42,8 +42,12 @@ class LingeringTransport:
         if not self._transport.can_write_eof():  # TLS cannot half-close
             self._transport.close()
             return
+        try:
+            self._transport.write_eof()  # after what is buffered: the response goes out whole
+        except OSError:  # the client is already gone (ENOTCONN): there is no one to linger for
+            self._transport.close()
+            return
         self.lingering = True
-        self._transport.write_eof()  # after what is buffered: the response goes out whole
         self._transport.resume_reading()  # flow control may have paused it while the body arrived
         self._loop.call_later(LINGER_S, self._transport.close)
 
