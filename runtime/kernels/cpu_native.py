@@ -362,8 +362,8 @@ def amx_ready() -> bool:
 
 
 def quant_expands() -> bool:
-    """quant_gemm runs int4 and FP8 batches past 16 rows on expanded tiles here (csrc/quant.c's quant_expands: a CPU with
-    AVX2 but not AVX-512)."""
+    """quant_gemm runs batches past 16 rows (int8's past 23) on expanded panels here, prefills included (csrc/quant.c's
+    quant_expands: a CPU with AVX2 but not AVX-512)."""
     return available() and _build_expands()
 
 

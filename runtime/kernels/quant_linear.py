@@ -21,6 +21,8 @@ dequantization w = q * scale + offset of each group of `group_size` values along
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -47,11 +49,6 @@ BFLOAT16_GEMM_MIN_ROWS = 512
 # dequantized, 256 rows 7.0 / 7.9 against 7.1 / 7.1, 512 rows 14.6 / 15.8 against 12.2 / 12.3 (oneDNN on the
 # bfloat16 weight itself: 2.6, 4.9, 10.0 ms).
 CONVERTED_MAX_ROWS = 256
-# With AVX2 but not AVX-512 (where quant_gemm expands int4 and FP8 batches: cpu_native.quant_expands()) the native kernel
-# takes batches up to this many rows. There the float32 panels below lost at every count of rows up to 64 (two
-# threads of an AVX2 EPYC, ms, panels against quant_gemm: int8 2048 x 2048 at 32 / 64 rows 8.6 / 12.0 against
-# 4.3 / 8.4, 3352 x 768 5.1 / 6.4 against 3.0 / 6.0; int4 2048 x 2048 7.7 / 10.4 against 4.3 / 8.0).
-AVX2_NATIVE_MAX_ROWS = 64
 # A prefill's float32 panel of dequantized weights (256 features at K = 2048). Smaller panels cost more than the
 # dequantization: the GEMM packs x again for every panel (one thread, N = K = 2048, M = 512: 16-row panels 2x
 # slower than float32 nn.Linear, 2-8 MiB level with it).
@@ -211,9 +208,14 @@ def converts(x: Tensor, qweight: Tensor, group_size: int) -> bool:
             and (group_size % 32 == 0 or group_size >= k))
 
 
-def native_max_rows() -> int:
-    """Up to how many rows quant_gemm takes a batch here (converts() aside)."""
-    return AVX2_NATIVE_MAX_ROWS if cpu_native.quant_expands() else NATIVE_MAX_ROWS
+def native_max_rows() -> float:
+    """Up to how many rows quant_gemm takes a batch here (converts() aside): every batch with AVX2 only."""
+    # With AVX2 but not AVX-512 (where quant_gemm expands batches: cpu_native.quant_expands()) the native kernel takes
+    # every batch, a prefill's in chunks of rows (csrc/quant.c's QUANT_EXPAND_CHUNK): quant_linear_panels lost at
+    # every count of rows there (two threads of an AVX2 EPYC, ms, panels against quant_gemm: int8 2048 x 2048 at 32 / 64
+    # rows 8.6 / 12.0 against 4.3 / 8.4 on its steps; at 128 / 512 / 2,048 rows on its expanded panels int8 2048 x 2048
+    # 19.7 / 52.2 / 183 against 14.1 / 50.3 / 173, int4 3352 x 768 8.2 / 33.5 / 173 against 6.9 / 24.6 / 105).
+    return math.inf if cpu_native.quant_expands() else NATIVE_MAX_ROWS
 
 
 def bfloat16_gemm_runs(x: Tensor) -> bool:

@@ -188,9 +188,10 @@ def test_every_fp8_byte_converts_as_torch_converts_it(lane):
 @pytest.mark.parametrize("offsets", [False, True])
 def test_a_prefill_runs_panel_by_panel(fmt, rows, offsets, monkeypatch):
     """Past native_max_rows() rows the launcher dequantizes panels of 16 features here (the last one partial) and
-    multiplies each into its columns of the result (here past NATIVE_MAX_ROWS, with AVX2 only too)."""
+    multiplies each into its columns of the result (here past NATIVE_MAX_ROWS, with AVX2 only too, where
+    quant_gemm takes every batch unless told otherwise)."""
     monkeypatch.setattr(quant_module, "PANEL_BYTES", 16 * 4 * 300)
-    monkeypatch.setattr(quant_module, "AVX2_NATIVE_MAX_ROWS", NATIVE_MAX_ROWS)
+    monkeypatch.setattr(quant_module, "native_max_rows", lambda: NATIVE_MAX_ROWS)
     assert quant_module.panel_rows(300) == 16
     generator = torch.Generator().manual_seed(rows)
     q, scales, shifts = random_format(fmt, 37, 300, 32, offsets, generator)
@@ -216,8 +217,10 @@ def test_a_long_bfloat16_prefill_runs_on_the_weight_dequantized_to_bfloat16(fmt,
     weight = quant_module.dequantize(q, scales, 32, 300, shifts)
     assert torch.equal(quant_module.dequantized_bfloat16(q, scales, 32, shifts, 300), weight.to(torch.bfloat16))
     got = quant_linear(x, q, scales, 32, bias, shifts)
-    if not quant_module.bfloat16_native():
-        assert torch.equal(got, quant_module.quant_linear_panels(x, q, scales, 32, bias, shifts))
+    if not quant_module.bfloat16_native():  # float32 sums of the exact weights: quant_gemm's with AVX2 only
+        exact = (cpu_native.quant_gemm(x, q, scales, 32, bias, shifts) if cpu_native.quant_expands()
+                 else quant_module.quant_linear_panels(x, q, scales, 32, bias, shifts))
+        assert torch.equal(got, exact)
     assert got.dtype == (torch.bfloat16 if quant_module.bfloat16_native() else torch.float32)
     expected = torch.nn.functional.linear(x, weight.to(torch.bfloat16), bias.to(torch.bfloat16))
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2 * expected.abs().max().item())
@@ -244,22 +247,23 @@ def test_the_launcher_takes_the_native_kernel_for_every_format(fmt):
 
 
 avx2_only = pytest.mark.skipif(not cpu_native.quant_expands(),
-                               reason="expanded tiles and longer native batches: a CPU with AVX2 but not AVX-512")
+                               reason="expanded panels and native prefills: a CPU with AVX2 but not AVX-512")
 
 
 @avx2_only
 @pytest.mark.parametrize("fmt", FORMATS)
-# Rows of x: from where int4 and FP8 expand (17: tiles of 3 rows with 2 left), 1 left, none left, AVX2_NATIVE_MAX_ROWS.
-@pytest.mark.parametrize("rows", [17, 19, 33, quant_module.AVX2_NATIVE_MAX_ROWS])
-# N past one block of expanded rows (32 features at K = 1000, 108 at K = 300) with 1 to 3 of a 4-feature tile
-# left; K not a multiple of 8 (a scalar tail); partial groups.
+# Rows of x: from where int4 and FP8 expand (17: tiles of 6 rows with 5 left), 1 left, from where int8 expands
+# (24, none left), a prefill of two chunks of 512 rows (2 left in each) and one of 6.
+@pytest.mark.parametrize("rows", [17, 19, 24, 1030])
+# N past one block of expanded rows (32 features at K = 1000, 96 at K = 300) with part of a panel of 16 features
+# left; K past a chunk of 512 values, and not a multiple of 8 (a scalar tail); partial groups.
 @pytest.mark.parametrize("n, k, group_size", [(37, 1000, 128), (113, 300, 32), (6, 97, 97), (34, 1000, 48),
                                               (35, 1004, 1004)])
 @pytest.mark.parametrize("offsets", [False, True])
 def test_avx2_batches_match_the_reference(fmt, rows, n, k, group_size, offsets):
-    """With AVX2 only the launcher takes batches up to AVX2_NATIVE_MAX_ROWS to quant_gemm, where int4 and FP8 expand
-    a block of weight rows to float32 once (q * scale + offset, exactly the reference's values) and run every row of
-    x against it; int8 runs the steps of 4 rows."""
+    """With AVX2 only the launcher takes every batch to quant_gemm, which from 17 rows (int8's from 24) expands a
+    block of weight rows to float32 once (q * scale + offset, exactly the reference's values) and runs every row of
+    x against it, a prefill's rows 512 at a time."""
     generator = torch.Generator().manual_seed(rows * 1000 + n + k)
     q, scales, shifts = random_format(fmt, n, k, group_size, offsets, generator)
     x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
@@ -274,12 +278,11 @@ def test_avx2_batches_match_the_reference(fmt, rows, n, k, group_size, offsets):
 
 
 @avx2_only
-def test_past_avx2_native_max_rows_a_batch_runs_by_panels():
+def test_with_avx2_only_every_batch_runs_on_quant_gemm():
     q, scales, _ = random_format("int4", 20, 64, 64, False, torch.Generator().manual_seed(5))
-    x = torch.randn(quant_module.AVX2_NATIVE_MAX_ROWS + 1, 64)
-    assert quant_module.native_max_rows() == quant_module.AVX2_NATIVE_MAX_ROWS
-    assert torch.equal(quant_linear(x, q, scales, 64, None), quant_module.quant_linear_panels(x, q, scales, 64, None))
-    assert torch.equal(quant_linear(x[:-1], q, scales, 64, None), cpu_native.quant_gemm(x[:-1], q, scales, 64, None))
+    x = torch.randn(4096, 64)
+    assert quant_module.native_max_rows() >= len(x)
+    assert torch.equal(quant_linear(x, q, scales, 64, None), cpu_native.quant_gemm(x, q, scales, 64, None))
 
 
 def test_native_runs_refuses_int4_groups_of_part_of_a_block():
@@ -321,11 +324,13 @@ def pointer(tensor):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 # One row with K of whole steps of 32: int4's steps of two blocks without AVX-512 (quant_int4_row), across groups
-# of 32, 96 and 128 (a partial last group of 64); 17 rows over more than one block of expanded weights (AVX2).
+# of 32, 96 and 128 (a partial last group of 64); 17 and 24 rows over more than one block of expanded weights, and a
+# prefill of two chunks of rows (AVX2).
 @pytest.mark.parametrize("rows, n, k, group_size", [(1, 7, 300, 16), (3, 13, 17, 17), (5, 4, 1000, 128),
                                                      (2, 9, 95, 32), (1, 11, 200, 64), (4, 3, 80, 80),
                                                      (1, 9, 256, 32), (1, 5, 320, 128), (1, 7, 192, 96),
-                                                     (17, 37, 1000, 128), (17, 113, 300, 32)])
+                                                     (17, 37, 1000, 128), (17, 113, 300, 32), (24, 37, 1000, 128),
+                                                     (530, 20, 300, 32)])
 @pytest.mark.parametrize("offsets", [False, True])
 def test_each_build_matches_the_reference(built_library, fmt, rows, n, k, group_size, offsets):
     generator = torch.Generator().manual_seed(rows + n + k)

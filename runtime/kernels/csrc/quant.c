@@ -537,21 +537,32 @@ static void quant_dequantize_row(const uint8_t *row, int format, const float *sc
     }
 }
 
-/* Whether a batch of M rows runs on expanded tiles (quant_expanded_dots): int4 and FP8 from 17 rows, with AVX2 but
- * not AVX-512. The steps above convert a block's values again for every 4 rows of x; expanded once, the weights
- * cost 4 bytes a value from L2 instead, which pays for int4's nibbles and FP8's bytes (each a few instructions to
- * convert) but not for int8's. Two threads of an AVX2 EPYC, two builds of this file taking turns, ms, steps against
- * expanded tiles: int4 3352 x 768 at 24 / 32 / 64 rows 3.06 / 4.07 / 8.22 against 2.57 / 3.26 / 6.55, 8192 x 2048
- * 17.3 / 21.7 / 42.1 against 16.3 / 19.0 / 38.2 (at 5 to 16 rows each way about as often); FP8 at 17 / 32 / 64
- * rows 3352 x 768 1.90 / 3.47 / 7.15 against 1.74 / 3.21 / 5.99, 8192 x 2048 11.3 / 20.2 / 40.4 against 10.7 /
- * 19.5 / 35.2 (at 8 rows the steps win); int8 the other way at every count of rows from 2 to 64 (2048 x 2048 at 32
- * rows: 4.89 against 5.17). */
+/* Whether a batch of M rows runs on expanded panels (quant_expanded_dots), with AVX2 but not AVX-512: int4 and FP8
+ * from 17 rows, int8 from 24. The steps above convert a block's values again for every 4 rows of x; expanded once
+ * (16 output features laid out k after k), the weights are read as float32 from L1 and L2 by outer products of 6
+ * rows by 16 features, within 0-15 % of oneDNN's float32 GEMM on its own packed weights. Two threads of an AVX2 EPYC,
+ * two builds of this file taking turns, ms, steps against expanded panels: int8 3352 x 768 at 17 / 24 / 32 / 64 rows
+ * 1.46 / 2.04 / 2.86 / 5.89 against 1.47 / 1.35 / 1.94 / 3.45, 2048 x 2048 2.22 / 2.97 / 4.17 / 8.04 against 2.17 /
+ * 2.93 / 3.64 / 5.79, 8192 x 2048 8.8 / 12.7 / 16.7 / 34.1 against 8.8 / 13.1 / 14.4 / 25.5; int4 3352 x 768 1.75 /
+ * 3.05 / 4.25 / 8.88 against 1.31 / 2.27 / 2.83 / 5.29, 2048 x 2048 3.50 / 4.02 / 4.87 / 8.71 against 3.50 / 2.73 /
+ * 3.74 / 6.03, 8192 x 2048 15.0 / 17.1 / 19.7 / 34.4 against 13.5 / 11.4 / 15.4 / 23.2 (below 17 rows the steps win
+ * or tie). A first layout, tiles of 3 rows by 4 features on the rows as dequantized (dot products, each step 7 loads
+ * for 12 multiply-adds, the weights streaming from L2), was 1.5-1.7x slower at 64 rows and lost to int8's steps at
+ * every count of rows; laying a row out one value at a time cost more than the products at 17 to 32 rows. */
 #define QUANT_EXPAND_MIN_ROWS 17
+#define QUANT_EXPAND_MIN_ROWS_INT8 24
 /* Bytes of float32 weights a thread expands at a time: they stay in L2 while every row of x passes over them. */
 #define QUANT_EXPAND_BYTES 131072
+/* Rows of x a prefill runs at a time (each chunk expands the weights again): x stays in L2 and L3. Whole, 2,048
+ * rows of 2048 x 2048 int4 took 327 ms, 1.7x oneDNN's float32 GEMM; in chunks of 256, 512 or 1,024 rows 169, 170 and
+ * 195 ms (oneDNN 158). Against the float32 panels of quant_linear.py (dequantized, then torch's GEMM), ms at 128 /
+ * 512 / 2,048 rows: int8 3352 x 768 6.7 / 23.9 / 149 against 6.0 / 22.3 / 99, 2048 x 2048 19.7 / 52.2 / 183 against
+ * 14.1 / 50.3 / 173; int4 3352 x 768 8.2 / 33.5 / 173 against 6.9 / 24.6 / 105, 2048 x 2048 12.5 / 44.8 / 249
+ * against 11.0 / 44.5 / 173 (oneDNN on float32 weights: 7.0 / 23.0 / 105 and 10.6 / 38.6 / 162). */
+#define QUANT_EXPAND_CHUNK 512
 static inline int quant_expands(int format, int M) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
-    return format != TANDEM_QUANT_INT8 && M >= QUANT_EXPAND_MIN_ROWS;
+    return M >= (format == TANDEM_QUANT_INT8 ? QUANT_EXPAND_MIN_ROWS_INT8 : QUANT_EXPAND_MIN_ROWS);
 #else
     (void)format, (void)M;
     return 0;
@@ -560,75 +571,121 @@ static inline int quant_expands(int format, int M) {
 
 int tandem_quant_expands(void) { return quant_expands(TANDEM_QUANT_INT4, QUANT_EXPAND_MIN_ROWS); }
 
-/* Output features per expanded tile: QUANT_EXPAND_BYTES of float32 rows, a multiple of 4 (quant_expanded_tile's
- * features), at least 4. */
+/* The expanded panels' outer products: 16 output features by 6 rows of x (12 of AVX2's 16 registers), over
+ * chunks of 512 values of k (32 KiB of a panel, in L1 and L2 while every row of x passes over it; chunks of 128 to
+ * 1,024 and the whole of K measured within the noise of each other, 512 the best at 512 rows). */
+#define QUANT_OUTER_FEATURES 16
+#define QUANT_OUTER_ROWS 6
+#define QUANT_OUTER_K 512
+/* Values of k each product sums from zero before it is added to the result: one sum over the whole of K, a value
+ * at a time, strayed from the float64 result 1.6x as far as torch's GEMM did at K = 2048 (mean |error| 4.3e-6
+ * against 2.7e-6); in sums of 32, 1.8e-6 (and 1.9e-7 against torch's 2.5e-7 at K = 64), 5-15 % slower. */
+#define QUANT_OUTER_SUM 32
+
+/* Output features per expanded block: QUANT_EXPAND_BYTES of float32 weights, whole panels, at least one. */
 static inline int quant_expand_rows(int K) {
-    const int64_t fit = QUANT_EXPAND_BYTES / (4 * (int64_t)(K > 0 ? K : 1)) / 4 * 4;
-    return fit > 4 ? (int)fit : 4;
+    const int64_t bytes_per_panel = 4 * (int64_t)(K > 0 ? K : 1) * QUANT_OUTER_FEATURES;
+    const int64_t fit = QUANT_EXPAND_BYTES / bytes_per_panel * QUANT_OUTER_FEATURES;
+    return fit > QUANT_OUTER_FEATURES ? (int)fit : QUANT_OUTER_FEATURES;
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
-/* dots[m * stride + f] for ROWS <= 3 rows of x and FEATURES <= 4 expanded weight rows (float32, K apart): 12
- * accumulators, each step of 8 values one load per row of x and per feature (7 loads for 12 multiply-adds). Over
- * the whole of K: chunks of k that stay in L1 with every row of x passing over them, the sums kept in memory
- * between chunks, measured 15-20 % slower (two threads of an AVX2 EPYC, 8 to 64 rows, int8 and int4). */
-static inline __attribute__((always_inline)) void quant_expanded_tile(const float *w, const float *x, int K,
-                                                                      int ROWS, int FEATURES, float *dots,
-                                                                      int stride) {
-    __m256 acc[12];
-#pragma GCC unroll 12
-    for (int i = 0; i < ROWS * FEATURES; i++) acc[i] = _mm256_setzero_ps();
+/* A panel's 16 dequantized weight rows (`rows`, K apart) laid out k after k (K x 16 floats), as the outer products
+ * below read them: 8 x 8 transposes in registers (one value at a time, a store to another line of L2 each, cost
+ * more than the products themselves at 17 to 32 rows of x). */
+static void quant_outer_pack(const float *rows, int K, float *panel) {
     int k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 weights[4];
+    for (; k + 8 <= K; k += 8)
+        for (int f0 = 0; f0 < QUANT_OUTER_FEATURES; f0 += 8) {
+            __m256 r[8], t[8], u[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rows + (int64_t)(f0 + i) * K + k);
 #pragma GCC unroll 4
-        for (int f = 0; f < FEATURES; f++) weights[f] = _mm256_loadu_ps(w + (int64_t)f * K + k);
-#pragma GCC unroll 3
-        for (int m = 0; m < ROWS; m++) {
-            const __m256 xs = _mm256_loadu_ps(x + (int64_t)m * K + k);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 8; h += 4) {
+                u[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);
+                u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xEE);
+                u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
+                u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xEE);
+            }
+            /* column j: value k + j of the 8 rows */
 #pragma GCC unroll 4
-            for (int f = 0; f < FEATURES; f++)
-                acc[m * FEATURES + f] = _mm256_fmadd_ps(weights[f], xs, acc[m * FEATURES + f]);
+            for (int j = 0; j < 4; j++) {
+                _mm256_storeu_ps(panel + (int64_t)(k + j) * QUANT_OUTER_FEATURES + f0,
+                                 _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+                _mm256_storeu_ps(panel + (int64_t)(k + j + 4) * QUANT_OUTER_FEATURES + f0,
+                                 _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+            }
         }
-    }
-#pragma GCC unroll 12
-    for (int i = 0; i < ROWS * FEATURES; i++) {
-        const int m = i / FEATURES, f = i % FEATURES;
-        float total = qv_sum(acc[i]);
-        for (int j = k; j < K; j++) total += w[(int64_t)f * K + j] * x[(int64_t)m * K + j];
-        dots[m * stride + f] = total;
+    for (; k < K; k++)
+        for (int f = 0; f < QUANT_OUTER_FEATURES; f++)
+            panel[(int64_t)k * QUANT_OUTER_FEATURES + f] = rows[(int64_t)f * K + k];
+}
+
+/* c[m * stride + f] (+)= sum over kc values of k of x[m * K + k] * panel[k * 16 + f], for ROWS <= 6 rows of x and
+ * one panel's 16 features: 12 accumulators, each k two loads of weights and one broadcast per row of x for 12
+ * multiply-adds, no sums across lanes, each product summed QUANT_OUTER_SUM values at a time. */
+static inline __attribute__((always_inline)) void quant_outer_tile(const float *panel, const float *x, int K, int kc,
+                                                                   int ROWS, float *c, int stride, int accumulate) {
+    for (int k0 = 0; k0 < kc; k0 += QUANT_OUTER_SUM) {
+        const int k1 = kc - k0 < QUANT_OUTER_SUM ? kc : k0 + QUANT_OUTER_SUM;
+        __m256 acc[QUANT_OUTER_ROWS][2];
+#pragma GCC unroll 6
+        for (int m = 0; m < ROWS; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        for (int k = k0; k < k1; k++) {
+            const __m256 w0 = _mm256_loadu_ps(panel + k * QUANT_OUTER_FEATURES);
+            const __m256 w1 = _mm256_loadu_ps(panel + k * QUANT_OUTER_FEATURES + 8);
+#pragma GCC unroll 6
+            for (int m = 0; m < ROWS; m++) {
+                const __m256 xs = _mm256_broadcast_ss(x + (int64_t)m * K + k);
+                acc[m][0] = _mm256_fmadd_ps(xs, w0, acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(xs, w1, acc[m][1]);
+            }
+        }
+#pragma GCC unroll 6
+        for (int m = 0; m < ROWS; m++) {
+            if (accumulate || k0 > 0) {
+                acc[m][0] = _mm256_add_ps(_mm256_loadu_ps(c + m * stride), acc[m][0]);
+                acc[m][1] = _mm256_add_ps(_mm256_loadu_ps(c + m * stride + 8), acc[m][1]);
+            }
+            _mm256_storeu_ps(c + m * stride, acc[m][0]);
+            _mm256_storeu_ps(c + m * stride + 8, acc[m][1]);
+        }
     }
 }
 
-/* dots[m * count + r] for all M rows of x against `count` expanded weight rows (float32, K apart). */
-static void quant_expanded_dots(const float *w, int count, const float *x, int M, int K, float *dots) {
-    for (int m0 = 0; m0 < M; m0 += 3) {
-        const int rows = M - m0 < 3 ? M - m0 : 3;
-        for (int r0 = 0; r0 < count; r0 += 4) {
-            const int features = count - r0 < 4 ? count - r0 : 4;
-#define QUANT_EXPANDED_TILE(ROWS, FEATURES)                                                                      \
-    quant_expanded_tile(w + (int64_t)r0 * K, x + (int64_t)m0 * K, K, ROWS, FEATURES, dots + m0 * count + r0, count)
-            switch (rows * 4 + features) {
-            case 3 * 4 + 4: QUANT_EXPANDED_TILE(3, 4); break;
-            case 3 * 4 + 3: QUANT_EXPANDED_TILE(3, 3); break;
-            case 3 * 4 + 2: QUANT_EXPANDED_TILE(3, 2); break;
-            case 3 * 4 + 1: QUANT_EXPANDED_TILE(3, 1); break;
-            case 2 * 4 + 4: QUANT_EXPANDED_TILE(2, 4); break;
-            case 2 * 4 + 3: QUANT_EXPANDED_TILE(2, 3); break;
-            case 2 * 4 + 2: QUANT_EXPANDED_TILE(2, 2); break;
-            case 2 * 4 + 1: QUANT_EXPANDED_TILE(2, 1); break;
-            case 1 * 4 + 4: QUANT_EXPANDED_TILE(1, 4); break;
-            case 1 * 4 + 3: QUANT_EXPANDED_TILE(1, 3); break;
-            case 1 * 4 + 2: QUANT_EXPANDED_TILE(1, 2); break;
-            default: QUANT_EXPANDED_TILE(1, 1); break;
+/* dots[m * stride + f] for all M rows of x against the block's `panels` panels (quant_outer_pack). */
+static void quant_expanded_dots(const float *packed, int panels, const float *x, int M, int K, float *dots,
+                                int stride) {
+    for (int k0 = 0; k0 < K; k0 += QUANT_OUTER_K) {
+        const int kc = K - k0 < QUANT_OUTER_K ? K - k0 : QUANT_OUTER_K;
+        for (int p = 0; p < panels; p++) {
+            const float *panel = packed + ((int64_t)p * K + k0) * QUANT_OUTER_FEATURES;
+            for (int m0 = 0; m0 < M; m0 += QUANT_OUTER_ROWS) {
+                const int rows = M - m0 < QUANT_OUTER_ROWS ? M - m0 : QUANT_OUTER_ROWS;
+                const float *xs = x + (int64_t)m0 * K + k0;
+                float *c = dots + (int64_t)m0 * stride + p * QUANT_OUTER_FEATURES;
+                switch (rows) {
+                case 6: quant_outer_tile(panel, xs, K, kc, 6, c, stride, k0 > 0); break;
+                case 5: quant_outer_tile(panel, xs, K, kc, 5, c, stride, k0 > 0); break;
+                case 4: quant_outer_tile(panel, xs, K, kc, 4, c, stride, k0 > 0); break;
+                case 3: quant_outer_tile(panel, xs, K, kc, 3, c, stride, k0 > 0); break;
+                case 2: quant_outer_tile(panel, xs, K, kc, 2, c, stride, k0 > 0); break;
+                default: quant_outer_tile(panel, xs, K, kc, 1, c, stride, k0 > 0); break;
+                }
             }
-#undef QUANT_EXPANDED_TILE
         }
     }
 }
 #else
-static void quant_expanded_dots(const float *w, int count, const float *x, int M, int K, float *dots) {
-    (void)w, (void)count, (void)x, (void)M, (void)K, (void)dots;
+static void quant_outer_pack(const float *rows, int K, float *panel) { (void)rows, (void)K, (void)panel; }
+static void quant_expanded_dots(const float *packed, int panels, const float *x, int M, int K, float *dots,
+                                int stride) {
+    (void)packed, (void)panels, (void)x, (void)M, (void)K, (void)dots, (void)stride;
 }
 #endif
 
@@ -1062,6 +1119,15 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
                        const float *x, const float *bias, float *y32, uint16_t *y16, int M, int N, int K,
                        int num_threads) {
     if (M < 1 || N < 1) return;
+    if (quant_expands(format, M) && M > QUANT_EXPAND_CHUNK) { /* a prefill: in chunks of rows, x in cache */
+        for (int m0 = 0; m0 < M; m0 += QUANT_EXPAND_CHUNK) {
+            const int rows = M - m0 < QUANT_EXPAND_CHUNK ? M - m0 : QUANT_EXPAND_CHUNK;
+            quant_gemm(w, format, scales, offsets, group_size, x + (int64_t)m0 * K, bias,
+                       y32 ? y32 + (int64_t)m0 * N : NULL, y16 ? y16 + (int64_t)m0 * N : NULL, rows, N, K,
+                       num_threads);
+        }
+        return;
+    }
     /* x in bfloat16 (its values checked once) for converted rows, int4 in quant_pack_bf16's order where it runs
      * (its weights convert faster so), else as it lies; or for int4's steps of four blocks */
     const int converts = quant_converts(format, group_size, M, K), wide_steps = quant_wide(format, M, group_size, K);
@@ -1098,6 +1164,7 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
     float *table = panels ? malloc(sizeof(float) * QUANT_PANEL * (size_t)groups) : NULL;
     float *panel_dots = panels ? malloc(sizeof(float) * QUANT_PANEL * (size_t)M) : NULL;
     float *weights = expanded ? malloc(sizeof(float) * (size_t)block_rows * (size_t)K) : NULL;
+    float *expanded_rows = expanded ? malloc(sizeof(float) * QUANT_OUTER_FEATURES * (size_t)K) : NULL;
     float *expanded_dots = expanded ? malloc(sizeof(float) * (size_t)block_rows * (size_t)M) : NULL;
 #pragma omp for schedule(static)
     for (int64_t block = 0; block < blocks; block++) {
@@ -1105,13 +1172,22 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
         const int count = N - n < block_rows ? (int)(N - n) : block_rows;
         if (converted) quant_bf16_rows(w, format, row_bytes, n, count, K, permuted, block_rows, converted);
         if (weights) {
-            for (int r = 0; r < count; r++)
-                quant_dequantize_row(w + (n + r) * row_bytes, format, scales + (n + r) * groups,
-                                     offsets ? offsets + (n + r) * groups : NULL, groups, group_size, K,
-                                     weights + (int64_t)r * K);
-            quant_expanded_dots(weights, count, x, M, K, expanded_dots);
-            quant_store(expanded_dots, count, 0, M, n, count, N, groups, scales, NULL, 0.0f, NULL, NULL, bias, y32,
-                        y16);
+            const int panels = (count + QUANT_OUTER_FEATURES - 1) / QUANT_OUTER_FEATURES;
+            for (int p = 0; p < panels; p++) {
+                for (int f = 0; f < QUANT_OUTER_FEATURES; f++) {
+                    const int64_t r = (int64_t)p * QUANT_OUTER_FEATURES + f;
+                    if (r < count)
+                        quant_dequantize_row(w + (n + r) * row_bytes, format, scales + (n + r) * groups,
+                                             offsets ? offsets + (n + r) * groups : NULL, groups, group_size, K,
+                                             expanded_rows + (int64_t)f * K);
+                    else /* a partial panel's missing features: zeros, their sums never stored */
+                        memset(expanded_rows + (int64_t)f * K, 0, sizeof(float) * (size_t)K);
+                }
+                quant_outer_pack(expanded_rows, K, weights + (int64_t)p * K * QUANT_OUTER_FEATURES);
+            }
+            quant_expanded_dots(weights, panels, x, M, K, expanded_dots, block_rows);
+            quant_store(expanded_dots, block_rows, 0, M, n, count, N, groups, scales, NULL, 0.0f, NULL, NULL, bias,
+                        y32, y16);
             continue;
         }
         if (panels) {
@@ -1146,6 +1222,7 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
     free(table);
     free(panel_dots);
     free(weights);
+    free(expanded_rows);
     free(expanded_dots);
     }
     free(xrows);

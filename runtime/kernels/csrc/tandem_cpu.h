@@ -69,8 +69,8 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
 void tandem_quant_gemm_bf16(const uint8_t *w, int format, const float *scales, const float *offsets,
                             int group_size, const uint16_t *x, const float *bias, uint16_t *y, int M, int N, int K,
                             int num_threads);
-/* quant.c: whether tandem_quant_gemm runs int4 and FP8 batches past 16 rows on expanded tiles here (AVX2
- * without AVX-512). */
+/* quant.c: whether tandem_quant_gemm runs batches past 16 rows on expanded panels here (AVX2 without AVX-512),
+ * prefills included. */
 int tandem_quant_expands(void);
 /* quant.c: W dequantized into out, float32 (N, K). */
 void tandem_quant_dequantize(const uint8_t *w, int format, const float *scales, const float *offsets,
