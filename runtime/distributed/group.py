@@ -100,14 +100,17 @@ class Group:
 
     def shutdown(self) -> None:
         """Stop the workers (asked first, then terminated, then killed) and leave the group."""
-        if not dist.is_initialized():
-            return
-        if not self.busy:
+        # With the group already left (torch.distributed destroyed by someone else), the workers cannot be asked;
+        # they are still ours to stop: one left waiting held the interpreter's exit up until its receive timed out.
+        running = dist.is_initialized()
+        asked = False
+        if running and not self.busy:
             try:
                 self.send(("stop",))
+                asked = True
             except Exception:  # a worker already gone: terminate the rest below
                 pass
-        deadline = time.monotonic() + STOP_TIMEOUT
+        deadline = time.monotonic() + (STOP_TIMEOUT if asked else 0.0)
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self.processes:
@@ -117,10 +120,11 @@ class Group:
             if process.is_alive():
                 process.kill()
                 process.join()
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
+        if running:
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
 
 
 _group: Group | None = None
