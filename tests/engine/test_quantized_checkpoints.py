@@ -6,6 +6,7 @@ releases and llm-compressor write it, and runs HF transformers on the weights it
 float32 greedy tokens equal, logprobs within 1e-4 of HF's in float64."""
 
 import copy
+import functools
 import json
 import math
 import shutil
@@ -167,19 +168,15 @@ def quantized_checkpoint(tmp_path_factory, tiny_checkpoint, tokenizer_dir):
     return make
 
 
-FLOAT64_REFERENCES = {}  # id of a reference -> (it, its float64 copy)
-
-
+@functools.cache  # a model hashes by identity; the cache keeps it, so its id is not reused
 def float64_reference(reference):
     """The reference in float64 (its experts in eager loops: the grouped GEMMs take no float64), made once: the
     value that the engine's and HF's float32 both approximate. On qwen3_5_moe's 52-token prompt HF's float32
     logprobs stray from it by up to 1.5e-4, the engine's by 2.1e-5 (a prefill in our GEMM's summation order,
     not torch's)."""
-    if id(reference) not in FLOAT64_REFERENCES:
-        wide = copy.deepcopy(reference).double()
-        wide.set_experts_implementation("eager")
-        FLOAT64_REFERENCES[id(reference)] = reference, wide  # the model too, so that its id is not reused
-    return FLOAT64_REFERENCES[id(reference)][1]
+    wide = copy.deepcopy(reference).double()
+    wide.set_experts_implementation("eager")
+    return wide
 
 
 def assert_matches(llm, reference, label, prompts=PROMPTS):

@@ -19,9 +19,10 @@
  * the weights: int8 and FP8 read a quarter of float32's bytes, int4 an eighth.
  *
  * Threads split the output features in blocks of QUANT_ROWS; each block reads its weight rows from memory once
- * for every row of x (blocks of up to 4 rows of x read them again from L1); with AVX2 but not AVX-512, int4 and FP8
- * batches from 17 rows expand a block's weights to float32 once instead (quant_expands). A prefill runs
- * tandem_quant_dequantize on panels of rows and a float32 GEMM on each (quant_linear.py). */
+ * for every row of x (blocks of up to 4 rows of x read them again from L1); with AVX2 but not AVX-512, batches
+ * from 17 rows (int8's from 24) expand a block's weights to float32 once instead and run outer products on them,
+ * prefills included (quant_expands). Elsewhere a prefill runs tandem_quant_dequantize on panels of rows and a
+ * float32 GEMM on each (quant_linear.py). */
 
 #include <math.h>
 #include <stdint.h>
@@ -658,7 +659,29 @@ static inline __attribute__((always_inline)) void quant_outer_tile(const float *
     }
 }
 
-/* dots[m * stride + f] for all M rows of x against the block's `panels` panels (quant_outer_pack). */
+/* `count` weight rows (from `w`, their scales and offsets) dequantized as the reference does, into panels of 16
+ * features (quant_outer_pack; a partial panel's missing features zeros, their sums never stored), through `rows`
+ * (16 x K floats); returns the number of panels. */
+static int quant_expand_block(const uint8_t *w, int format, int64_t row_bytes, const float *scales,
+                              const float *offsets, int groups, int group_size, int count, int K, float *rows,
+                              float *panels) {
+    const int total = (count + QUANT_OUTER_FEATURES - 1) / QUANT_OUTER_FEATURES;
+    for (int p = 0; p < total; p++) {
+        for (int f = 0; f < QUANT_OUTER_FEATURES; f++) {
+            const int64_t r = (int64_t)p * QUANT_OUTER_FEATURES + f;
+            if (r < count)
+                quant_dequantize_row(w + r * row_bytes, format, scales + r * groups,
+                                     offsets ? offsets + r * groups : NULL, groups, group_size, K,
+                                     rows + (int64_t)f * K);
+            else
+                memset(rows + (int64_t)f * K, 0, sizeof(float) * (size_t)K);
+        }
+        quant_outer_pack(rows, K, panels + (int64_t)p * K * QUANT_OUTER_FEATURES);
+    }
+    return total;
+}
+
+/* dots[m * stride + f] for all M rows of x against the block's `panels` panels (quant_expand_block). */
 static void quant_expanded_dots(const float *packed, int panels, const float *x, int M, int K, float *dots,
                                 int stride) {
     for (int k0 = 0; k0 < K; k0 += QUANT_OUTER_K) {
@@ -682,7 +705,13 @@ static void quant_expanded_dots(const float *packed, int panels, const float *x,
     }
 }
 #else
-static void quant_outer_pack(const float *rows, int K, float *panel) { (void)rows, (void)K, (void)panel; }
+static int quant_expand_block(const uint8_t *w, int format, int64_t row_bytes, const float *scales,
+                              const float *offsets, int groups, int group_size, int count, int K, float *rows,
+                              float *panels) {
+    (void)w, (void)format, (void)row_bytes, (void)scales, (void)offsets, (void)groups, (void)group_size;
+    (void)count, (void)K, (void)rows, (void)panels;
+    return 0;
+}
 static void quant_expanded_dots(const float *packed, int panels, const float *x, int M, int K, float *dots,
                                 int stride) {
     (void)packed, (void)panels, (void)x, (void)M, (void)K, (void)dots, (void)stride;
@@ -1172,19 +1201,9 @@ static void quant_gemm(const uint8_t *w, int format, const float *scales, const 
         const int count = N - n < block_rows ? (int)(N - n) : block_rows;
         if (converted) quant_bf16_rows(w, format, row_bytes, n, count, K, permuted, block_rows, converted);
         if (weights) {
-            const int panels = (count + QUANT_OUTER_FEATURES - 1) / QUANT_OUTER_FEATURES;
-            for (int p = 0; p < panels; p++) {
-                for (int f = 0; f < QUANT_OUTER_FEATURES; f++) {
-                    const int64_t r = (int64_t)p * QUANT_OUTER_FEATURES + f;
-                    if (r < count)
-                        quant_dequantize_row(w + (n + r) * row_bytes, format, scales + (n + r) * groups,
-                                             offsets ? offsets + (n + r) * groups : NULL, groups, group_size, K,
-                                             expanded_rows + (int64_t)f * K);
-                    else /* a partial panel's missing features: zeros, their sums never stored */
-                        memset(expanded_rows + (int64_t)f * K, 0, sizeof(float) * (size_t)K);
-                }
-                quant_outer_pack(expanded_rows, K, weights + (int64_t)p * K * QUANT_OUTER_FEATURES);
-            }
+            const int panels = quant_expand_block(w + n * row_bytes, format, row_bytes, scales + n * groups,
+                                                  offsets ? offsets + n * groups : NULL, groups, group_size, count,
+                                                  K, expanded_rows, weights);
             quant_expanded_dots(weights, panels, x, M, K, expanded_dots, block_rows);
             quant_store(expanded_dots, block_rows, 0, M, n, count, N, groups, scales, NULL, 0.0f, NULL, NULL, bias,
                         y32, y16);
