@@ -18,6 +18,12 @@ assert "triton" not in sys.modules, "triton was imported before the tests chose 
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the README's test command): one worker a core, at most 4. Each worker holds torch and its own
+    tiny models, and the distributed and server tests start processes of their own beside it."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` need a CUDA device; without one they are skipped, not failed."""
     if torch.cuda.is_available():
