@@ -18,6 +18,7 @@ assert "triton" not in sys.modules, "triton was imported before the tests chose 
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin, nothing calls it
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (the README's test command): one worker a core, at most 4. Each worker holds torch and its own
     tiny models, and the distributed and server tests start processes of their own beside it."""
@@ -25,7 +26,11 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need a CUDA device; without one they are skipped, not failed."""
+    """The benchmarks' tests first; tests marked `gpu` need a CUDA device: without one they are skipped, not failed.
+
+    A benchmark's test runs it for up to a minute and a half. Collected last (tests/test_bench_*.py), they left one
+    worker of `-n auto` finishing them alone for the suite's last five minutes; first, the other files fill in."""
+    items.sort(key=lambda item: not item.path.name.startswith("test_bench"))  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
