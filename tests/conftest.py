@@ -39,6 +39,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def stop_the_distributed_group():
+    """A tensor- or pipeline-parallel group that a module's engines started stops when the module ends (workers
+    joined), not at the interpreter's exit, where one left waiting held the suite's exit up until its receive timed
+    out. Never imported, there is none to stop."""
+    yield
+    group = sys.modules.get("runtime.distributed.group")
+    if group is not None:
+        group.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     from tiny_models import build_tokenizer

@@ -8,18 +8,11 @@ from lora_helpers import build_checkpoint, linear_names, make_adapter, targets
 from tiny_models import hf_greedy
 
 from runtime import LLM, LoRARequest, SamplingParams
-from runtime.distributed import group
 
 NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 PROMPTS = [[5, 17, 99, 42, 7, 8], list(range(30, 70))]
 CASES = [("llama", dict(attention_bias=True, mlp_bias=True), dict(bias="lora_only")), ("nemotron_h", {}, {})]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def pp_group():
-    yield
-    group.shutdown()
 
 
 def run(directory, pp, loras):

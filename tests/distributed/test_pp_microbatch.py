@@ -20,12 +20,6 @@ from runtime import LLM, SamplingParams
 from runtime.distributed import group
 
 
-@pytest.fixture(scope="module", autouse=True)
-def pp_group():
-    yield
-    group.shutdown()
-
-
 def engine(directory, pp, **options):
     llm = LLM(directory, dtype="float32", pipeline_parallel_size=pp, max_model_len=MAX_MODEL_LEN,
               max_num_batched_tokens=STEP_TOKENS, **options)

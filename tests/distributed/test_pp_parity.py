@@ -17,7 +17,6 @@ from tiny_models import hf_greedy
 
 from runtime import LLM, SamplingParams
 from runtime.config import EngineConfig
-from runtime.distributed import group
 from runtime.distributed.pipeline import stage_plan
 
 
@@ -50,13 +49,6 @@ CASES = [
     pytest.param("olmo_hybrid", DELTANET, id="olmo_hybrid",
                  marks=pytest.mark.proves("OlmoHybridForCausalLM", "pipeline parallel")),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def pp_group():
-    """The module's one group, stopped (workers joined) when the module ends."""
-    yield
-    group.shutdown()
 
 
 @pytest.mark.parametrize("name, family", CASES)

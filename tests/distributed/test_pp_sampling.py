@@ -12,12 +12,6 @@ from runtime.distributed import group, state
 GREEDY = dict(temperature=0, max_tokens=8, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def pp_group():
-    yield
-    group.shutdown()
-
-
 def generate(directory, pp, params):
     """Outputs of PROMPTS (one SamplingParams per prompt), and what rank 0 received from the last stage."""
     llm = LLM(directory, dtype="float32", pipeline_parallel_size=pp, max_num_batched_tokens=STEP_TOKENS)

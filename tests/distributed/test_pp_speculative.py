@@ -5,7 +5,6 @@ own slabs of the pages), so PP=2 gives one device's tokens and logprobs, drafts 
 import pytest
 
 from runtime import LLM, SamplingParams
-from runtime.distributed import group
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
 PROMPTS = [{"prompt_token_ids": [9, 40, 41, 200, 7] * 3}, {"prompt_token_ids": [77, 78, 79] * 4},
@@ -13,12 +12,6 @@ PROMPTS = [{"prompt_token_ids": [9, 40, 41, 200, 7] * 3}, {"prompt_token_ids": [
 FEW = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1, allowed_token_ids=[9, 40, 41])
 FREE = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PARAMS = [FEW, FEW, FREE]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def pp_group():
-    yield
-    group.shutdown()
 
 
 @pytest.mark.parametrize("name", ["bamba", "llama"])

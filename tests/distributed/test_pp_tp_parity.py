@@ -12,12 +12,6 @@ from tiny_models import hf_greedy
 from runtime.distributed import group, state
 
 
-@pytest.fixture(scope="module", autouse=True)
-def pp_tp_group():
-    yield
-    group.shutdown()
-
-
 @pytest.mark.parametrize("name, family", cases())
 def test_pp2_tp2_tokens_equal_pp1_and_transformers(name, family, checkpoint):
     directory, hf = checkpoint(name, family)

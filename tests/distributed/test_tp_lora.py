@@ -15,7 +15,6 @@ from lora_helpers import build_checkpoint, linear_names, make_adapter, targets
 from tiny_models import hf_greedy_logprobs
 
 from runtime import LLM, LoRARequest, SamplingParams
-from runtime.distributed import group
 
 NEW_TOKENS = 8
 TOP = 3
@@ -48,13 +47,6 @@ CASES = [
     ("qwen3_5_moe", {}, LORA_BIAS),
     ("olmo_hybrid", {}, dict(LORA_BIAS, use_rslora=True)),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def tp_group():
-    """The module's one group (started by the first TP=2 engine, reused by the others), stopped at its end."""
-    yield
-    group.shutdown()
 
 
 def run(directory, tp, loras):

@@ -76,13 +76,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tp_group():
-    """The module's one group, stopped (workers joined) when the module ends."""
-    yield
-    group.shutdown()
-
-
 @pytest.fixture(scope="session")
 def checkpoint(tiny_checkpoint, tmp_path_factory, tokenizer_dir):
     built = {}

@@ -37,13 +37,6 @@ FORMATS.setdefault("w4a16-g32", (lambda w: int4_groups(w, 32, True), lambda igno
     dict(num_bits=4, strategy="group", group_size=32), ignore, "pack-quantized")))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tp_group():
-    """The module's one group, stopped (workers joined) when the module ends."""
-    yield
-    group.shutdown()
-
-
 def quantized_modules(llm):
     return [m for m in llm.engine.runner.model.modules() if isinstance(m, (QuantLinear, QuantStackedLinear))]
 

@@ -23,12 +23,6 @@ PARAMS = [FEW, FREE, FREE]
 BUDGET = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def shared_group():
-    yield
-    group.shutdown()
-
-
 def generate(directory, **options):
     """One engine's outputs (shut down after, so that the group serves the next engine)."""
     llm = LLM(directory, dtype="float32", max_num_batched_tokens=BUDGET, **options)

@@ -4,7 +4,6 @@ parallelism (the plan, drafts included, goes to every rank; the copies of kept s
 import pytest
 
 from runtime import LLM, SamplingParams
-from runtime.distributed import group
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
 PROMPTS = [{"prompt_token_ids": [9, 40, 41, 200, 7] * 3}, {"prompt_token_ids": [77, 78, 79] * 4},
@@ -19,13 +18,6 @@ def assert_same(outputs, reference):
         got, want = got.outputs[0], want.outputs[0]
         assert got.token_ids == want.token_ids
         assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for a, b in zip(got.logprobs, want.logprobs) for t in a)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def tp_group():
-    """The 2-rank group the tensor-parallel test starts, stopped when the module ends (not at the suite's exit)."""
-    yield
-    group.shutdown()
 
 
 @pytest.fixture(scope="module")
