@@ -53,7 +53,7 @@ AMX_K_MULTIPLE = _HEADER["AMX_K_MULTIPLE"]  # amx_gemm's K: whole tiles of 32 bf
 SMALL_GEMM_MAX_ROWS = 48
 # The operators that write into their arguments and return nothing: their fake implementation does nothing.
 MUTATING_OPS = ("ssm_state_update", "conv_update", "ssm_scan", "conv_fn", "rms_norm", "rotary", "gemv",
-                "small_gemm", "panel_gemm", "amx_gemm", "quant_gemm", "quant_x8_gemm", "quant_dequantize",
+                "small_gemm", "panel_gemm", "amx_gemm", "quant_gemm", "quant_x16_gemm", "quant_dequantize",
                 "amx_quant_gemm", "decode_attention", "silu_and_mul", "store_kv", "lora_shrink", "lora_expand")
 
 
@@ -399,17 +399,17 @@ def quant_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias
     return y
 
 
-def quant_x8_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+def quant_x16_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
                   offsets: Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> Tensor:
-    """quant_linear.quant_linear_x8_ref: int4 weights (uint8, as pack_int4 packs them) against x quantized to 8 bits
-    in blocks of 32, integer products per block (csrc/quant_x8.c); quant_gemm's arguments and result dtypes, K a
+    """quant_linear.quant_linear_x16_ref: int4 weights (uint8, as pack_int4 packs them) against x quantized to two 8-bit
+    integers a value in blocks of 32, integer products per block (csrc/quant_x16.c); quant_gemm's arguments and result dtypes, K a
     multiple of 64 and group_size a multiple of 64, 32, or at least K."""
     if x.dtype == torch.bfloat16 and out_dtype == torch.bfloat16:
         source = x.contiguous()
     else:
         source = _float32(x)
     y = torch.empty(x.shape[0], qweight.shape[0], dtype=source.dtype)
-    _ops().quant_x8_gemm(qweight, scales, _float32(offsets), group_size, source, _float32(bias), y)
+    _ops().quant_x16_gemm(qweight, scales, _float32(offsets), group_size, source, _float32(bias), y)
     return y
 
 

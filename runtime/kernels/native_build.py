@@ -35,7 +35,7 @@ ENV_VAR = "TANDEM_CPU_NATIVE"
 SOURCES = Path(__file__).with_name("csrc")
 C_SOURCE, CXX_SOURCE, HEADER = SOURCES / "cpu_native.c", SOURCES / "ops.cpp", SOURCES / "tandem_cpu.h"
 QUANT_SOURCE = SOURCES / "quant.c"  # the quantized linears' kernels (C, built beside the core)
-QUANT_X8_SOURCE = SOURCES / "quant_x8.c"  # int4 linears against 8-bit activations (C, built beside the core)
+QUANT_X16_SOURCE = SOURCES / "quant_x16.c"  # int4 linears against integer activations (C, built beside the core)
 LORA_SOURCE = SOURCES / "lora.c"  # batched LoRA (C, built beside the core)
 BF16_HEADER = SOURCES / "bf16.h"  # bfloat16 loads and stores, included by the C files
 PANEL_HEADER = SOURCES / "panel.h"  # the bfloat16 panel GEMM's steps, included by cpu_native.c and quant.c
@@ -113,7 +113,7 @@ def library_path(features: frozenset[str]) -> Path:
     """Where the library for a CPU of these features lies (or will)."""
     c_flags, cxx_flags = flags()
     key = hashlib.sha256()
-    for source in (C_SOURCE, QUANT_SOURCE, QUANT_X8_SOURCE, CXX_SOURCE, HEADER, LORA_SOURCE, BF16_HEADER,
+    for source in (C_SOURCE, QUANT_SOURCE, QUANT_X16_SOURCE, CXX_SOURCE, HEADER, LORA_SOURCE, BF16_HEADER,
                    PANEL_HEADER):
         key.update(source.read_bytes())
     key.update(" ".join([*c_flags, *cxx_flags, torch.__version__, *sorted(features)]).encode())
@@ -154,13 +154,13 @@ def _build(target: Path, features: frozenset[str], cc: str, cxx: str) -> None:
     # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         core, quant, ops, built = (Path(scratch) / name for name in ("core.o", "quant.o", "ops.o", target.name))
-        lora, quant_x8 = Path(scratch) / "lora.o", Path(scratch) / "quant_x8.o"
+        lora, quant_x16 = Path(scratch) / "lora.o", Path(scratch) / "quant_x16.o"
         _run_all([[cc, *c_flags, "-c", str(C_SOURCE), "-o", str(core)],
                   [cc, *c_flags, "-c", str(QUANT_SOURCE), "-o", str(quant)],
                   [cc, *c_flags, "-c", str(LORA_SOURCE), "-o", str(lora)],
-                  [cc, *c_flags, "-c", str(QUANT_X8_SOURCE), "-o", str(quant_x8)],
+                  [cc, *c_flags, "-c", str(QUANT_X16_SOURCE), "-o", str(quant_x16)],
                   [cxx, *cxx_flags, "-c", str(CXX_SOURCE), "-o", str(ops)]])
-        _run_all([[cxx, "-shared", "-fopenmp", str(core), str(quant), str(quant_x8), str(lora), str(ops), "-o", str(built),
+        _run_all([[cxx, "-shared", "-fopenmp", str(core), str(quant), str(quant_x16), str(lora), str(ops), "-o", str(built),
                    f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-lm"]])
         manifest = dict(features=sorted(features), torch=torch.__version__, compilers=[cc, cxx],
                         python=sys.version.split()[0])

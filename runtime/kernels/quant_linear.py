@@ -9,7 +9,7 @@ byte (uint8 (N, ceil(K / 16) * 8), see pack_int4), so the weights stream an eigh
 
 A weight is dequantized as q * scale (+ offset) in float32; the kernels do exactly that in registers and differ
 from the reference only in summation order. One path also rounds x: a bfloat16 model's int4 decode on a CPU
-without AVX-512 BF16 runs on 8-bit activations (x8_runs, quant_linear_x8_ref), as llama.cpp's Q4 kernels do.
+without AVX-512 BF16 runs on x rounded to 16-bit integers per block of 32 (x16_runs, quant_linear_x16_ref).
 
 The same representation carries the formats checkpoints publish (loaded, not quantized here): the dtype of
 `qweight` names the storage, `scales` (N, groups) and optional `offsets` (N, groups), both float32, the
@@ -144,38 +144,44 @@ def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int
     return torch.nn.functional.linear(x.float(), weight, None if bias is None else bias.float())
 
 
-# int4 against 8-bit activations (csrc/quant_x8.c): x quantized in blocks of this many values, K whole steps of
-# X8_STEP, up to X8_MAX_ROWS rows (a decode).
-X8_BLOCK = 32
-X8_STEP = 64
-X8_MAX_ROWS = 32
+# int4 against 16-bit integer activations (csrc/quant_x16.c): x quantized in blocks of this many values, K whole steps of
+# X16_STEP, up to X16_MAX_ROWS rows (a decode).
+X16_BLOCK = 32
+X16_FINE = 256  # x / d = q + r / X16_FINE
+X16_STEP = 64
+X16_MAX_ROWS = 16
 
 
 def quantize_activations(x: Tensor) -> Tensor:
-    """x (..., K), K a multiple of X8_BLOCK, as 8-bit activations stand for it, in float32: per block of X8_BLOCK
-    values d = max|x| / 127 and q = round(x / d) (to nearest, ties to even; an all-zero block is zeros), each value
-    q * d. What llama.cpp's Q8 activations hold, in the same blocks."""
-    blocks = x.float().reshape(*x.shape[:-1], -1, X8_BLOCK)
+    """x (..., K), K a multiple of X16_BLOCK, as the integer activations stand for it, in float32: per block of
+    X16_BLOCK values d = max|x| / 127, and each value x / d = q + r / 256 with q = round(x / d) and r = round((x / d
+    - q) * 256) clamped to [-127, 127] (to nearest, ties to even), two 8-bit integers: the value (q * 256 + r) *
+    (d / 256), within d / 256 of x (16 bits a block, where bfloat16 keeps 8 a value). An all-zero block is zeros."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, X16_BLOCK)
     scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
     inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))  # the kernel multiplies by 1 / d, too
-    return (torch.round(blocks * inverse) * scale).reshape(x.shape)
+    scaled = blocks * inverse
+    q = torch.round(scaled)
+    r = torch.round((scaled - q) * X16_FINE).clamp(-127, 127)  # scaled - q and * 256 are exact
+    return ((q * X16_FINE + r) * (scale / X16_FINE)).reshape(x.shape)
 
 
-def quant_linear_x8_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+def quant_linear_x16_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
                         offsets: Tensor | None = None) -> Tensor:
-    """quant_linear_ref on x's 8-bit activations (quantize_activations): what tandem::quant_x8_gemm computes."""
+    """quant_linear_ref on x's integer activations (quantize_activations): what tandem::quant_x16_gemm computes."""
     return quant_linear_ref(quantize_activations(x), qweight, scales, group_size, bias, offsets)
 
 
-def x8_runs(x: Tensor, qweight: Tensor, group_size: int) -> bool:
-    """A bfloat16 model's int4 decode (up to X8_MAX_ROWS rows) on 8-bit activations (quant_linear_x8_ref), where
+def x16_runs(x: Tensor, qweight: Tensor, group_size: int) -> bool:
+    """A bfloat16 model's int4 decode (up to X16_MAX_ROWS rows) on integer activations (quant_linear_x16_ref), where
     the CPU has no AVX-512 BF16: there a weight-only int4 linear is bound by turning nibbles into floats, and this
-    runs 1.2-2.6x faster (docs/features/quantization.md). Its error is a twentieth of int4's own; a float32 model, and
-    a CPU that multiplies bfloat16 (whose int4 steps stream the weights at memory speed already), keep the exact
-    weight-only sums. K whole steps of X8_STEP, groups multiples of 64 or 32 or the whole row."""
+    runs 1.1-2x faster (docs/features/quantization.md), with an error a hundredth of what rounding x to bfloat16
+    costs. A float32 model (whose parity with HF is held to 1e-4) and a CPU that multiplies bfloat16 (whose int4 steps
+    stream the weights at memory speed already) keep the weight-only sums. K whole steps of X16_STEP, groups
+    multiples of 64 or 32 or the whole row."""
     k = x.shape[1]
-    return (x.dtype == torch.bfloat16 and qweight.dtype == torch.uint8 and x.shape[0] <= X8_MAX_ROWS
-            and k % X8_STEP == 0 and (group_size % X8_STEP == 0 or group_size == X8_BLOCK or group_size >= k)
+    return (x.dtype == torch.bfloat16 and qweight.dtype == torch.uint8 and x.shape[0] <= X16_MAX_ROWS
+            and k % X16_STEP == 0 and (group_size % X16_STEP == 0 or group_size == X16_BLOCK or group_size >= k)
             and not bfloat16_native())
 
 
@@ -284,7 +290,7 @@ def amx_runs(x: Tensor, qweight: Tensor, offsets: Tensor | None, group_size: int
 def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
                  offsets: Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> Tensor:
     """quant_linear_ref on the native kernels where they run (a CPU with the library, a format native_runs
-    takes): a bfloat16 model's int4 decode on 8-bit activations where x8_runs (quant_linear_x8_ref's result), else
+    takes): a bfloat16 model's int4 decode on integer activations where x16_runs (quant_linear_x16_ref's result), else
     up to native_max_rows() rows in registers (quant_gemm; a bfloat16 model's batches up to
     CONVERTED_MAX_ROWS too where converts()), then a bfloat16 model's batch on the weight dequantized to bfloat16
     (bfloat16_gemm_runs) or on AMX tiles (amx_runs), others by float32 panels (quant_linear_panels); on a CUDA
@@ -298,8 +304,8 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bi
         else:
             y = quant_linear_triton(flat, qweight, scales, group_size, bias, offsets)
     elif x.is_cpu and cpu_native.available() and native_runs(qweight, offsets, group_size, x.shape[-1]):
-        if x8_runs(flat, qweight, group_size):
-            y = cpu_native.quant_x8_gemm(flat, qweight, scales, group_size, bias, offsets, out_dtype)
+        if x16_runs(flat, qweight, group_size):
+            y = cpu_native.quant_x16_gemm(flat, qweight, scales, group_size, bias, offsets, out_dtype)
         elif flat.shape[0] <= native_max_rows() or converts(flat, qweight, group_size):
             y = cpu_native.quant_gemm(flat, qweight, scales, group_size, bias, offsets, out_dtype)
         elif bfloat16_gemm_runs(flat):

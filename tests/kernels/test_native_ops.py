@@ -55,7 +55,7 @@ def valid_arguments(op: str) -> list:
     if op == "quant_gemm":  # int4: 6 features, K 40 in groups of 16 (the last partial), 16 values in 8 bytes
         return [torch.randint(0, 256, (6, 24), dtype=torch.uint8), r(6, 3).abs(), r(6, 3), 16, r(2, 40), r(6),
                 torch.empty(2, 6)]
-    if op == "quant_x8_gemm":  # int4: 6 features, K 64 in groups of 32 (a step of 64 values), 8-bit x
+    if op == "quant_x16_gemm":  # int4: 6 features, K 64 in groups of 32 (a step of 64 values), integer x
         return [torch.randint(0, 256, (6, 32), dtype=torch.uint8), r(6, 2).abs(), r(6, 2), 32, r(2, 64), r(6),
                 torch.empty(2, 6)]
     if op == "amx_quant_gemm":  # int4: 40 features, K 64 in one group (16 values in 8 bytes), a bfloat16 x
@@ -141,7 +141,7 @@ WRONG_SHAPES = [
     ("store_kv", "value", (3, 2, 9)), ("panel_gemm", "y", (3, 40)),
     ("quant_gemm", "qweight", (6, 20)), ("quant_gemm", "scales", (6, 2)), ("quant_gemm", "offsets", (5, 3)),
     ("quant_gemm", "bias", (5,)), ("quant_gemm", "y", (2, 7)),
-    ("quant_x8_gemm", "scales", (6, 1)), ("quant_x8_gemm", "offsets", (5, 2)), ("quant_x8_gemm", "y", (2, 7)),
+    ("quant_x16_gemm", "scales", (6, 1)), ("quant_x16_gemm", "offsets", (5, 2)), ("quant_x16_gemm", "y", (2, 7)),
     ("quant_dequantize", "qweight", (6, 9)), ("quant_dequantize", "scales", (6, 2)),
     ("quant_dequantize", "out", (7, 8)),
     ("amx_quant_gemm", "qweight", (40, 24)), ("amx_quant_gemm", "scales", (40, 2)), ("amx_quant_gemm", "bias", (39,)),
@@ -171,8 +171,8 @@ def test_a_wrong_shape_names_the_argument(op, name, shape):
     ("rms_norm", "group_size", 3, "must divide the row size 8"),
     ("quant_dequantize", "group_size", 0, "must be positive"),
     ("quant_gemm", "group_size", 8, "must be a multiple of 16 for int4"),
-    ("quant_x8_gemm", "group_size", 48, "must be a multiple of 64 or 32, or span the row, got 48"),
-    ("quant_x8_gemm", "qweight", torch.randint(-127, 128, (6, 64), dtype=torch.int8), "must hold int4 weights"),
+    ("quant_x16_gemm", "group_size", 48, "must be a multiple of 64 or 32, or span the row, got 48"),
+    ("quant_x16_gemm", "qweight", torch.randint(-127, 128, (6, 64), dtype=torch.int8), "must hold int4 weights"),
 ])
 def test_indices_outside_their_pools_are_refused(op, name, value, message):
     index = argument_names(op).index(name)

@@ -489,11 +489,11 @@ void quant_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTenso
                       x.data_ptr<float>(), pointer<float>(bias), y.data_ptr<float>(), m, n, k, threads());
 }
 
-// quant_gemm for int4 weights against x quantized to 8 bits in blocks of 32 (quant_x8.c): K a multiple of 64, groups
+// quant_gemm for int4 weights against x quantized to integers in blocks of 32 (quant_x16.c): K a multiple of 64, groups
 // multiples of 64, of 32, or the whole row.
-void quant_x8_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets, int64_t group_size,
+void quant_x16_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets, int64_t group_size,
                    const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
-  const Args args("quant_x8_gemm");
+  const Args args("quant_x16_gemm");
   args.tensor("x", x, {ScalarType::Float, ScalarType::BFloat16}, 2);
   args.contiguous("x", x);
   const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
@@ -501,7 +501,7 @@ void quant_x8_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTe
   TANDEM_REQUIRE(args, format == TANDEM_QUANT_INT4, "qweight", "must hold int4 weights (uint8)");
   TANDEM_REQUIRE(args, in_features > 0 && in_features % 64 == 0, "x",
                  "must have a multiple of 64 columns, got " + std::to_string(in_features));
-  TANDEM_REQUIRE(args, tandem_quant_x8_runs(format, static_cast<int>(group_size), static_cast<int>(in_features)),
+  TANDEM_REQUIRE(args, tandem_quant_x16_runs(format, static_cast<int>(group_size), static_cast<int>(in_features)),
                  "group_size", "must be a multiple of 64 or 32, or span the row, got " + std::to_string(group_size));
   args.optional("bias", bias, ScalarType::Float, {out_features});
   args.tensor("y", y, {x.scalar_type()}, 2);  // a bfloat16 x gives a bfloat16 y
@@ -510,11 +510,11 @@ void quant_x8_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTe
   const auto *w = static_cast<const uint8_t *>(qweight.data_ptr());
   const int m = args.count("x", rows), n = args.count("qweight", out_features), k = args.count("x", in_features);
   if (x.scalar_type() == ScalarType::BFloat16)
-    tandem_quant_x8_gemm_bf16(w, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
+    tandem_quant_x16_gemm_bf16(w, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
                               static_cast<const uint16_t *>(x.data_ptr()), pointer<float>(bias),
                               static_cast<uint16_t *>(y.data_ptr()), m, n, k, threads());
   else
-    tandem_quant_x8_gemm(w, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
+    tandem_quant_x16_gemm(w, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
                          x.data_ptr<float>(), pointer<float>(bias), y.data_ptr<float>(), m, n, k, threads());
 }
 
@@ -718,7 +718,7 @@ TORCH_LIBRARY(tandem, m) {
   m.def("amx_gemm(Tensor panels, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("quant_gemm(Tensor qweight, Tensor scales, Tensor? offsets, int group_size, Tensor x, Tensor? bias, "
         "Tensor(a!) y) -> ()");
-  m.def("quant_x8_gemm(Tensor qweight, Tensor scales, Tensor? offsets, int group_size, Tensor x, Tensor? bias, "
+  m.def("quant_x16_gemm(Tensor qweight, Tensor scales, Tensor? offsets, int group_size, Tensor x, Tensor? bias, "
         "Tensor(a!) y) -> ()");
   m.def("quant_dequantize(Tensor qweight, Tensor scales, Tensor? offsets, int group_size, Tensor(a!) out) -> ()");
   m.def("amx_quant_gemm(Tensor qweight, Tensor scales, int group_size, Tensor x, Tensor? bias, Tensor(a!) y) -> ()");
@@ -746,7 +746,7 @@ TORCH_LIBRARY_IMPL(tandem, CPU, m) {
   m.impl("panel_gemm", &panel_gemm);
   m.impl("amx_gemm", &amx_gemm);
   m.impl("quant_gemm", &quant_gemm);
-  m.impl("quant_x8_gemm", &quant_x8_gemm);
+  m.impl("quant_x16_gemm", &quant_x16_gemm);
   m.impl("quant_dequantize", &quant_dequantize);
   m.impl("amx_quant_gemm", &amx_quant_gemm);
   m.impl("decode_attention", &decode_attention);

@@ -69,14 +69,14 @@ void tandem_quant_gemm(const uint8_t *w, int format, const float *scales, const 
 void tandem_quant_gemm_bf16(const uint8_t *w, int format, const float *scales, const float *offsets,
                             int group_size, const uint16_t *x, const float *bias, uint16_t *y, int M, int N, int K,
                             int num_threads);
-/* quant_x8.c: tandem_quant_gemm for int4 weights against x quantized to 8 bits in blocks of 32 (d = max|x| / 127,
- * q = round(x / d)), integer products per block: where tandem_quant_x8_runs(format, group_size, K), K a multiple of
+/* quant_x16.c: tandem_quant_gemm for int4 weights against x quantized in blocks of 32 (d = max|x| / 127, x / d = q +
+ * r / 256 with q and r 8-bit integers), integer products per block: where tandem_quant_x16_runs(format, group_size, K), K a multiple of
  * 64 and groups multiples of 64, of 32, or the whole row. */
-int tandem_quant_x8_runs(int format, int group_size, int K);
-void tandem_quant_x8_gemm(const uint8_t *w, const float *scales, const float *offsets, int group_size,
+int tandem_quant_x16_runs(int format, int group_size, int K);
+void tandem_quant_x16_gemm(const uint8_t *w, const float *scales, const float *offsets, int group_size,
                           const float *x, const float *bias, float *y, int M, int N, int K, int num_threads);
-/* quant_x8.c: tandem_quant_x8_gemm with x and y bfloat16 (y rounded to nearest even from the float32 sums). */
-void tandem_quant_x8_gemm_bf16(const uint8_t *w, const float *scales, const float *offsets, int group_size,
+/* quant_x16.c: tandem_quant_x16_gemm with x and y bfloat16 (y rounded to nearest even from the float32 sums). */
+void tandem_quant_x16_gemm_bf16(const uint8_t *w, const float *scales, const float *offsets, int group_size,
                                const uint16_t *x, const float *bias, uint16_t *y, int M, int N, int K,
                                int num_threads);
 /* quant.c: whether tandem_quant_gemm runs batches past 16 rows on expanded panels here (AVX2 without AVX-512),
