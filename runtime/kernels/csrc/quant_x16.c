@@ -38,9 +38,10 @@ int tandem_quant_x16_runs(int format, int group_size, int K) {
            (group_size % X16_STEP == 0 || group_size == X16_BLOCK || group_size >= K);
 }
 
-/* y's row m, features n .. n + count: the dots plus bias, and per group offset * (the group's sum of q * d). */
+/* y's row m, features n .. n + count: the dots plus bias, and per group offset * (the group's sum of the quantized
+ * x). */
 static void x16_store(const float *dots, int m, int64_t n, int count, int N, int groups, const float *offsets,
-                     const float *xsums, const float *bias, float *y32, uint16_t *y16) {
+                      const float *xsums, const float *bias, float *y32, uint16_t *y16) {
     for (int r = 0; r < count; r++) {
         float value = dots[r] + (bias ? bias[n + r] : 0.0f);
         if (offsets) {
@@ -61,7 +62,11 @@ static void x16_store(const float *dots, int m, int64_t n, int count, int N, int
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-static inline float x16_sum(__m256 v);
+static inline float x16_sum(__m256 v) {
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
 
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off") /* x / d - q exactly as torch computes it: a fused x * (1 / d) - q would not */
@@ -94,7 +99,8 @@ static void x16_quantize_row(const float *x, int K, int8_t *ordered, float *lane
                 const __m256 scaled = _mm256_mul_ps(v[j], inverse);
                 const __m256i q = _mm256_cvtps_epi32(scaled);
                 /* |scaled - q| <= 1/2, exact; times 256, exact; 128 (a tie of x / d) clamps to 127 */
-                const __m256 rest = _mm256_mul_ps(_mm256_sub_ps(scaled, _mm256_cvtepi32_ps(q)), _mm256_set1_ps(X16_FINE));
+                const __m256 rest =
+                    _mm256_mul_ps(_mm256_sub_ps(scaled, _mm256_cvtepi32_ps(q)), _mm256_set1_ps(X16_FINE));
                 const __m256i r = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(rest), most),
                                                    _mm256_sub_epi32(_mm256_setzero_si256(), most));
                 planes[0][half][j] = q;
@@ -117,21 +123,15 @@ static void x16_quantize_row(const float *x, int K, int8_t *ordered, float *lane
 }
 #pragma GCC pop_options
 
-static inline float x16_sum(__m256 v) {
-    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-    return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
-}
-
-/* dots[m * ROWS + r]: features n .. n + ROWS - 1 against M rows of x (ordered q and lanes K / 8 apart per row,
+/* dots[m * ROWS + r]: features n .. n + ROWS - 1 against M rows of x (ordered planes 2K bytes and lanes K / 8 apart,
  * shifts 8 a span). Each feature's sums over a span (a group, or two groups of 32 lane by lane) take the span's
  * -8 terms (x16_shifts) and are scaled at its end. Inlined where M and ROWS are constants: ROWS * M <= 8
  * accumulators, each its own chain. */
 static inline __attribute__((always_inline)) void x16_tile(const uint8_t *w, int64_t row_bytes, const float *scales,
-                                                          int groups, int group, int64_t n, int K,
-                                                          const int8_t *xq, const float *lanes,
-                                                          const float *shifts, int spans, int M, int ROWS,
-                                                          float *dots) {
+                                                           int groups, int group, int64_t n, int K,
+                                                           const int8_t *xq, const float *lanes,
+                                                           const float *shifts, int spans, int M, int ROWS,
+                                                           float *dots) {
     const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(15);
     const int span = group == X16_BLOCK ? X16_STEP : group; /* values between scalings */
     __m256 total[8];
@@ -196,10 +196,10 @@ static inline __attribute__((always_inline)) void x16_tile(const uint8_t *w, int
 /* dots[m * count + r] for count <= X16_FEATURES features from n and M <= X16_X_ROWS rows of x: tiles of ROWS
  * features (4 for one or two rows of x, 2 for three or four), the rest one at a time. */
 static inline __attribute__((always_inline)) void x16_tiles(const uint8_t *w, int64_t row_bytes, const float *scales,
-                                                           int groups, int group, int64_t n, int count, int K,
-                                                           const int8_t *xq, const float *lanes,
-                                                           const float *shifts, int spans, int M, int ROWS,
-                                                           float *dots) {
+                                                            int groups, int group, int64_t n, int count, int K,
+                                                            const int8_t *xq, const float *lanes,
+                                                            const float *shifts, int spans, int M, int ROWS,
+                                                            float *dots) {
     int r0 = 0;
     for (; r0 + ROWS <= count; r0 += ROWS) {
         float tile[8];
@@ -215,8 +215,8 @@ static inline __attribute__((always_inline)) void x16_tiles(const uint8_t *w, in
 }
 
 static void x16_dots(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group, int64_t n,
-                    int count, int K, const int8_t *xq, const float *lanes, const float *shifts, int spans, int M,
-                    float *dots) {
+                     int count, int K, const int8_t *xq, const float *lanes, const float *shifts, int spans, int M,
+                     float *dots) {
 #define X16_TILES(ROWS_OF_X, ROWS)                                                                                \
     x16_tiles(w, row_bytes, scales, groups, group, n, count, K, xq, lanes, shifts, spans, ROWS_OF_X, ROWS, dots)
     switch (M) {
@@ -246,8 +246,8 @@ static void x16_shifts(const float *sums, int K, int span, float *shifts) {
 /* The portable path: the same integer sums per block, one value at a time (q_w = u - 8 itself), x's values
  * q * 256 + r in k's order (16 bits each, in the 2K bytes a row) and lanes the d / 256 per block. */
 static void x16_dots(const uint8_t *w, int64_t row_bytes, const float *scales, int groups, int group, int64_t n,
-                    int count, int K, const int8_t *xq, const float *lanes, const float *shifts, int spans, int M,
-                    float *dots) {
+                     int count, int K, const int8_t *xq, const float *lanes, const float *shifts, int spans, int M,
+                     float *dots) {
     (void)shifts, (void)spans;
     for (int r = 0; r < count; r++) {
         const uint8_t *row = w + (n + r) * row_bytes;
@@ -308,8 +308,8 @@ static size_t x16_lines(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 /* y = x16(x) W^T (+ bias) into y32 (float32) or, where it is NULL, y16 (bfloat16); tandem_quant_x16_runs holds. */
 static void quant_x16_gemm(const uint8_t *w, const float *scales, const float *offsets, int group_size,
-                          const float *x, const float *bias, float *y32, uint16_t *y16, int M, int N, int K,
-                          int num_threads) {
+                           const float *x, const float *bias, float *y32, uint16_t *y16, int M, int N, int K,
+                           int num_threads) {
     const int group = group_size < K ? group_size : K, groups = (K + group - 1) / group;
     const int64_t row_bytes = K / 2;
     const int lane_stride = X16_ORDERED ? K / 8 : K / X16_BLOCK; /* per row of x */
@@ -327,7 +327,8 @@ static void quant_x16_gemm(const uint8_t *w, const float *scales, const float *o
 #endif
         for (int g = 0; xsums && g < groups; g++) { /* groups are whole blocks */
             float sum = 0.0f;
-            for (int b = g * group / X16_BLOCK; b < K / X16_BLOCK && b < (g + 1) * group / X16_BLOCK; b++) sum += sums[b];
+            for (int b = g * group / X16_BLOCK; b < K / X16_BLOCK && b < (g + 1) * group / X16_BLOCK; b++)
+                sum += sums[b];
             xsums[(int64_t)m * groups + g] = sum;
         }
     }
@@ -355,15 +356,15 @@ static void quant_x16_gemm(const uint8_t *w, const float *scales, const float *o
 }
 
 void tandem_quant_x16_gemm(const uint8_t *w, const float *scales, const float *offsets, int group_size,
-                          const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
+                           const float *x, const float *bias, float *y, int M, int N, int K, int num_threads) {
     if (M < 1 || N < 1) return;
     quant_x16_gemm(w, scales, offsets, group_size, x, bias, y, NULL, M, N, K, num_threads);
 }
 
 /* x and y bfloat16 (a bfloat16 model's linear), y rounded once from the float32 sums. */
 void tandem_quant_x16_gemm_bf16(const uint8_t *w, const float *scales, const float *offsets, int group_size,
-                               const uint16_t *x, const float *bias, uint16_t *y, int M, int N, int K,
-                               int num_threads) {
+                                const uint16_t *x, const float *bias, uint16_t *y, int M, int N, int K,
+                                int num_threads) {
     if (M < 1 || N < 1) return;
     float *wide = malloc(sizeof(float) * (size_t)M * (size_t)K);
     for (int64_t i = 0; i < (int64_t)M * K; i++) wide[i] = bf16_load(x + i);
