@@ -10,7 +10,8 @@ Decode cycles through enough distinct weights to exceed the last-level cache (--
 the weights come from memory as in a model's step; the copy bandwidth is a torch copy of a buffer of that size
 (bytes read per second, the same count). bfloat16 decode runs on tandem::gemv (what a bfloat16 model's decode
 linear runs); where quant_linear runs int4 on integer activations (--activations bfloat16 on a CPU without AVX-512
-BF16: quant_linear.x16_runs), `weight-only` beside it is tandem::quant_gemm on the same weights; prefill baselines are torch's nn.functional.linear in float32 and bfloat16. The best of --repeats
+BF16: quant_linear.x16_runs), `weight-only` beside it is tandem::quant_gemm on the same weights; prefill baselines
+are torch's nn.functional.linear in float32 and bfloat16. The best of --repeats
 runs (see best_seconds); with one thread, that thread's CPU time. Besides the on-the-fly formats, the GGUF
 block layouts' group sizes: Q8_0 (int8, groups of 32), Q6_K (int8, 16), Q4_K (int4, 32, with offsets).
 """
@@ -89,7 +90,7 @@ def decode(n: int, k: int, stream_mb: int, repeats: int, m: int = 1, only: list[
         copies = [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in parts)
                   for _ in range(max(1, stream_mb * 2**20 // sizes[name]))]
         runs[name] = (lambda copies=copies: [quant_linear(x, q, s, g, None, o) for q, s, g, o in copies]), len(copies)
-        if x16_runs(x, parts[0], parts[2]):  # quant_linear runs it on integer activations: the weight-only kernel beside
+        if x16_runs(x, parts[0], parts[2]):  # quant_linear runs integer activations: the weight-only kernel beside
             sizes[name + " weight-only"] = sizes[name]
             runs[name + " weight-only"] = (lambda copies=copies: [
                 cpu_native.quant_gemm(x, q, s, g, None, o) for q, s, g, o in copies]), len(copies)

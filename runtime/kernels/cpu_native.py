@@ -390,26 +390,26 @@ def quant_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias
     (N, K), int4 as quant_linear.pack_int4 packs it (uint8 (N, ceil(K / 16) * 8)) or float8_e4m3fn (N, K);
     scales and offsets float32 (N, groups); the float32 result, or with a bfloat16 x and `out_dtype` bfloat16 that
     result rounded to bfloat16 by the kernel (no conversions around it)."""
-    if x.dtype == torch.bfloat16 and out_dtype == torch.bfloat16:
-        source = x.contiguous()
-    else:
-        source = _float32(x)
-    y = torch.empty(x.shape[0], qweight.shape[0], dtype=source.dtype)
-    _ops().quant_gemm(qweight, scales, _float32(offsets), group_size, source, _float32(bias), y)
-    return y
+    return _quant_linear(_ops().quant_gemm, x, qweight, scales, group_size, bias, offsets, out_dtype)
 
 
 def quant_x16_gemm(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
-                  offsets: Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> Tensor:
-    """quant_linear.quant_linear_x16_ref: int4 weights (uint8, as pack_int4 packs them) against x quantized to two 8-bit
-    integers a value in blocks of 32, integer products per block (csrc/quant_x16.c); quant_gemm's arguments and result dtypes, K a
-    multiple of 64 and group_size a multiple of 64, 32, or at least K."""
+                   offsets: Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> Tensor:
+    """quant_linear.quant_linear_x16_ref: int4 weights (uint8, as pack_int4 packs them) against x quantized to two
+    8-bit integers a value in blocks of 32, integer products per block (csrc/quant_x16.c); quant_gemm's arguments and
+    result dtypes, K a multiple of 64 and group_size a multiple of 64, 32, or at least K."""
+    return _quant_linear(_ops().quant_x16_gemm, x, qweight, scales, group_size, bias, offsets, out_dtype)
+
+
+def _quant_linear(op, x: Tensor, qweight: Tensor, scales: Tensor, group_size: int, bias: Tensor | None,
+                  offsets: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """Runs a quantized linear's operator: x as is where it and `out_dtype` are bfloat16, else in float32."""
     if x.dtype == torch.bfloat16 and out_dtype == torch.bfloat16:
         source = x.contiguous()
     else:
         source = _float32(x)
     y = torch.empty(x.shape[0], qweight.shape[0], dtype=source.dtype)
-    _ops().quant_x16_gemm(qweight, scales, _float32(offsets), group_size, source, _float32(bias), y)
+    op(qweight, scales, _float32(offsets), group_size, source, _float32(bias), y)
     return y
 
 

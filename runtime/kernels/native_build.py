@@ -160,8 +160,8 @@ def _build(target: Path, features: frozenset[str], cc: str, cxx: str) -> None:
                   [cc, *c_flags, "-c", str(LORA_SOURCE), "-o", str(lora)],
                   [cc, *c_flags, "-c", str(QUANT_X16_SOURCE), "-o", str(quant_x16)],
                   [cxx, *cxx_flags, "-c", str(CXX_SOURCE), "-o", str(ops)]])
-        _run_all([[cxx, "-shared", "-fopenmp", str(core), str(quant), str(quant_x16), str(lora), str(ops), "-o", str(built),
-                   f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-lm"]])
+        _run_all([[cxx, "-shared", "-fopenmp", str(core), str(quant), str(quant_x16), str(lora), str(ops), "-o",
+                   str(built), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-lm"]])
         manifest = dict(features=sorted(features), torch=torch.__version__, compilers=[cc, cxx],
                         python=sys.version.split()[0])
         Path(scratch, "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -144,8 +144,8 @@ def quant_linear_ref(x: Tensor, qweight: Tensor, scales: Tensor, group_size: int
     return torch.nn.functional.linear(x.float(), weight, None if bias is None else bias.float())
 
 
-# int4 against 16-bit integer activations (csrc/quant_x16.c): x quantized in blocks of this many values, K whole steps of
-# X16_STEP, up to X16_MAX_ROWS rows (a decode).
+# int4 against 16-bit integer activations (csrc/quant_x16.c): x quantized in blocks of this many values, K whole
+# steps of X16_STEP, up to X16_MAX_ROWS rows (a decode).
 X16_BLOCK = 32
 X16_FINE = 256  # x / d = q + r / X16_FINE
 X16_STEP = 64

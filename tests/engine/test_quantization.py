@@ -167,6 +167,14 @@ def test_quantized_models_hold_fewer_bytes(tiny_checkpoint):
     assert sizes[None] > sizes["int8"] > sizes["int4"] > 0
 
 
+def last_logits(llm: LLM, ids: list[list[int]]) -> torch.Tensor:
+    """The last-token logits of one batched step (a prefill) of these prompts."""
+    for prompt in ids:
+        llm.engine.add_request({"prompt_token_ids": prompt}, GREEDY)
+    seqs, logits = llm.engine.runner.execute(llm.engine.scheduler.schedule())
+    return logits
+
+
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 @pytest.mark.parametrize("name", ["llama", "bamba", "granitemoehybrid"])
 def test_a_bfloat16_model_quantized_stays_close_to_float32(name, scheme, tiny_checkpoint):
@@ -181,13 +189,8 @@ def test_a_bfloat16_model_quantized_stays_close_to_float32(name, scheme, tiny_ch
     full = LLM(directory, dtype="float32", quantization=scheme)
     ids = [full.get_tokenizer().encode(p) for p in PROMPTS]
     assert max(map(len, ids)) > 16  # past the decode kernels' rows: the prefill path
-    def last_logits(llm):
-        for prompt in ids:
-            llm.engine.add_request({"prompt_token_ids": prompt}, GREEDY)
-        seqs, logits = llm.engine.runner.execute(llm.engine.scheduler.schedule())
-        return logits
-    expected = last_logits(full)
-    got = last_logits(LLM(directory, dtype="bfloat16", quantization=scheme))
+    expected = last_logits(full, ids)
+    got = last_logits(LLM(directory, dtype="bfloat16", quantization=scheme), ids)
     reference = dequantized_hf(hf, scheme)
     hf_rows = torch.stack([hf_last_logits(reference, p) for p in ids])
     hf_error, error = (hf_rows - expected).abs().max(), (got - expected).abs().max()
@@ -213,18 +216,13 @@ def test_a_bfloat16_int4_decode_on_integer_activations_stays_close_to_float32(na
     ids = [full.get_tokenizer().encode(p) for p in ("The", "A hybrid model mixes")]
     assert sum(map(len, ids)) <= quant_module.X16_MAX_ROWS  # the whole batch is one decode-sized linear
 
-    def last_logits(llm):
-        for prompt in ids:
-            llm.engine.add_request({"prompt_token_ids": prompt}, GREEDY)
-        seqs, logits = llm.engine.runner.execute(llm.engine.scheduler.schedule())
-        return logits
-    expected = last_logits(full)
-    got = last_logits(LLM(directory, dtype="bfloat16", quantization="int4"))
+    expected = last_logits(full, ids)
+    got = last_logits(LLM(directory, dtype="bfloat16", quantization="int4"), ids)
     hf_rows = torch.stack([hf_last_logits(dequantized_hf(hf, "int4"), p) for p in ids])
     hf_error, error = (hf_rows - expected).abs().max(), (got - expected).abs().max()
     assert error < 0.1 * expected.abs().max() and error <= 2 * hf_error, (error, hf_error)
     kept = hf_rows.argmax(-1) == expected.argmax(-1)
     assert torch.equal(got.argmax(-1)[kept], expected.argmax(-1)[kept])
     monkeypatch.setattr(quant_module, "X16_MAX_ROWS", 0)
-    weight_only = last_logits(LLM(directory, dtype="bfloat16", quantization="int4"))
+    weight_only = last_logits(LLM(directory, dtype="bfloat16", quantization="int4"), ids)
     assert torch.equal(got, weight_only) == quant_module.bfloat16_native()

@@ -4,12 +4,10 @@ storage format (int8, int4, FP8 e4m3, with and without offsets), edge shapes inc
 
 import ctypes
 import math
-import platform
-import shutil
-import subprocess
 
 import pytest
 import torch
+from c_builds import build_with_flags, pointer
 
 from runtime.kernels import cpu_native, native_build, quant_linear as quant_module
 from runtime.kernels.quant_linear import (INT4_GROUP_SIZE, NATIVE_MAX_ROWS, dequantize, native_runs, pack_int4,
@@ -301,25 +299,12 @@ BUILDS = {"portable": ([], set()), "avx2": (["-march=haswell"], {"avx2", "fma", 
 @pytest.fixture(scope="module", params=list(BUILDS))
 def built_library(request, tmp_path_factory):
     """quant.c built with one of BUILDS' flags, loaded with ctypes."""
-    if platform.machine() != "x86_64":
-        pytest.skip("elsewhere the baseline build may vectorise")
     flags, needs = BUILDS[request.param]
-    if not needs <= native_build.cpu_features():
-        pytest.skip(f"this CPU lacks {sorted(needs - native_build.cpu_features())}")
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    target = tmp_path_factory.mktemp(request.param) / "libquant.so"
-    subprocess.run([compiler, "-O2", *flags, "-std=c11", "-fPIC", "-shared", "-fopenmp",
-                    str(native_build.QUANT_SOURCE), "-o", str(target), "-lm"], check=True, capture_output=True)
-    return ctypes.CDLL(str(target))
+    return build_with_flags(native_build.QUANT_SOURCE, flags, needs,
+                            tmp_path_factory.mktemp(request.param) / "libquant.so")
 
 
 FORMAT_CODES = {"int8": 8, "int4": 4, "fp8": 1}  # csrc/tandem_cpu.h's TANDEM_QUANT_*
-
-
-def pointer(tensor):
-    return ctypes.c_void_p(None if tensor is None else tensor.data_ptr())
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -4,12 +4,10 @@ offsets, rows of x in tiles of 4 and a few left over, float32 and bfloat16), eac
 launcher that runs it for a bfloat16 model's int4 decode where the CPU lacks AVX-512 BF16."""
 
 import ctypes
-import platform
-import shutil
-import subprocess
 
 import pytest
 import torch
+from c_builds import build_with_flags, pointer
 
 from runtime.kernels import cpu_native, native_build, quant_linear as quant_module
 from runtime.kernels.quant_linear import (X16_MAX_ROWS, pack_int4, quant_linear, quant_linear_ref,
@@ -120,22 +118,9 @@ BUILDS = {"portable": ([], set()), "avx2": (["-march=haswell"], {"avx2", "fma"})
 
 @pytest.fixture(scope="module", params=list(BUILDS))
 def built_library(request, tmp_path_factory):
-    if platform.machine() != "x86_64":
-        pytest.skip("elsewhere the baseline build may vectorise")
     flags, needs = BUILDS[request.param]
-    if not needs <= native_build.cpu_features():
-        pytest.skip(f"this CPU lacks {sorted(needs - native_build.cpu_features())}")
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    target = tmp_path_factory.mktemp(request.param) / "libquant_x16.so"
-    subprocess.run([compiler, "-O2", *flags, "-std=c11", "-fPIC", "-shared", "-fopenmp",
-                    str(native_build.QUANT_X16_SOURCE), "-o", str(target), "-lm"], check=True, capture_output=True)
-    return ctypes.CDLL(str(target))
-
-
-def pointer(tensor):
-    return ctypes.c_void_p(None if tensor is None else tensor.data_ptr())
+    return build_with_flags(native_build.QUANT_X16_SOURCE, flags, needs,
+                            tmp_path_factory.mktemp(request.param) / "libquant_x16.so")
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5])

@@ -467,19 +467,26 @@ int check_quant(const Args &args, const Tensor &qweight, const Tensor &scales, c
   return format;
 }
 
+// A quantized linear's x (M, K), bias and y (M, N), beside check_quant's weights: the quant.c format code.
+int check_quant_linear(const Args &args, const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets,
+                       int64_t group_size, const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
+  args.tensor("x", x, {ScalarType::Float, ScalarType::BFloat16}, 2);
+  args.contiguous("x", x);
+  const int64_t out_features = qweight.size(0);
+  const int format = check_quant(args, qweight, scales, offsets, group_size, x.size(1));
+  args.optional("bias", bias, ScalarType::Float, {out_features});
+  args.tensor("y", y, {x.scalar_type()}, 2);  // a bfloat16 x gives a bfloat16 y
+  args.shape("y", y, {x.size(0), out_features});
+  args.contiguous("y", y);
+  return format;
+}
+
 void quant_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets, int64_t group_size,
                 const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
   const Args args("quant_gemm");
-  args.tensor("x", x, {ScalarType::Float, ScalarType::BFloat16}, 2);
-  args.contiguous("x", x);
-  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
-  const int format = check_quant(args, qweight, scales, offsets, group_size, in_features);
-  args.optional("bias", bias, ScalarType::Float, {out_features});
-  args.tensor("y", y, {x.scalar_type()}, 2);  // a bfloat16 x gives a bfloat16 y
-  args.shape("y", y, {rows, out_features});
-  args.contiguous("y", y);
+  const int format = check_quant_linear(args, qweight, scales, offsets, group_size, x, bias, y);
   const auto *w = static_cast<const uint8_t *>(qweight.data_ptr());
-  const int m = args.count("x", rows), n = args.count("qweight", out_features), k = args.count("x", in_features);
+  const int m = args.count("x", x.size(0)), n = args.count("qweight", qweight.size(0)), k = args.count("x", x.size(1));
   if (x.scalar_type() == ScalarType::BFloat16)
     tandem_quant_gemm_bf16(w, format, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
                            static_cast<const uint16_t *>(x.data_ptr()), pointer<float>(bias),
@@ -492,30 +499,25 @@ void quant_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTenso
 // quant_gemm for int4 weights against x quantized to integers in blocks of 32 (quant_x16.c): K a multiple of 64, groups
 // multiples of 64, of 32, or the whole row.
 void quant_x16_gemm(const Tensor &qweight, const Tensor &scales, const OptionalTensor &offsets, int64_t group_size,
-                   const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
+                    const Tensor &x, const OptionalTensor &bias, const Tensor &y) {
   const Args args("quant_x16_gemm");
-  args.tensor("x", x, {ScalarType::Float, ScalarType::BFloat16}, 2);
-  args.contiguous("x", x);
-  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
-  const int format = check_quant(args, qweight, scales, offsets, group_size, in_features);
+  const int format = check_quant_linear(args, qweight, scales, offsets, group_size, x, bias, y);
+  const int64_t in_features = x.size(1);
   TANDEM_REQUIRE(args, format == TANDEM_QUANT_INT4, "qweight", "must hold int4 weights (uint8)");
   TANDEM_REQUIRE(args, in_features > 0 && in_features % 64 == 0, "x",
                  "must have a multiple of 64 columns, got " + std::to_string(in_features));
   TANDEM_REQUIRE(args, tandem_quant_x16_runs(format, static_cast<int>(group_size), static_cast<int>(in_features)),
                  "group_size", "must be a multiple of 64 or 32, or span the row, got " + std::to_string(group_size));
-  args.optional("bias", bias, ScalarType::Float, {out_features});
-  args.tensor("y", y, {x.scalar_type()}, 2);  // a bfloat16 x gives a bfloat16 y
-  args.shape("y", y, {rows, out_features});
-  args.contiguous("y", y);
   const auto *w = static_cast<const uint8_t *>(qweight.data_ptr());
-  const int m = args.count("x", rows), n = args.count("qweight", out_features), k = args.count("x", in_features);
+  const int m = args.count("x", x.size(0)), n = args.count("qweight", qweight.size(0));
+  const int k = args.count("x", in_features);
   if (x.scalar_type() == ScalarType::BFloat16)
     tandem_quant_x16_gemm_bf16(w, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
-                              static_cast<const uint16_t *>(x.data_ptr()), pointer<float>(bias),
-                              static_cast<uint16_t *>(y.data_ptr()), m, n, k, threads());
+                               static_cast<const uint16_t *>(x.data_ptr()), pointer<float>(bias),
+                               static_cast<uint16_t *>(y.data_ptr()), m, n, k, threads());
   else
     tandem_quant_x16_gemm(w, scales.data_ptr<float>(), pointer<float>(offsets), static_cast<int>(group_size),
-                         x.data_ptr<float>(), pointer<float>(bias), y.data_ptr<float>(), m, n, k, threads());
+                          x.data_ptr<float>(), pointer<float>(bias), y.data_ptr<float>(), m, n, k, threads());
 }
 
 // quant_gemm for a bfloat16 x on AMX tiles (int8 and int4 without offsets; K and group_size multiples of 32).

@@ -70,8 +70,8 @@ void tandem_quant_gemm_bf16(const uint8_t *w, int format, const float *scales, c
                             int group_size, const uint16_t *x, const float *bias, uint16_t *y, int M, int N, int K,
                             int num_threads);
 /* quant_x16.c: tandem_quant_gemm for int4 weights against x quantized in blocks of 32 (d = max|x| / 127, x / d = q +
- * r / 256 with q and r 8-bit integers), integer products per block: where tandem_quant_x16_runs(format, group_size, K), K a multiple of
- * 64 and groups multiples of 64, of 32, or the whole row. */
+ * r / 256 with q and r 8-bit integers), integer products per block: where tandem_quant_x16_runs(format, group_size,
+ * K), K a multiple of 64 and groups multiples of 64, of 32, or the whole row. */
 int tandem_quant_x16_runs(int format, int group_size, int K);
 void tandem_quant_x16_gemm(const uint8_t *w, const float *scales, const float *offsets, int group_size,
                           const float *x, const float *bias, float *y, int M, int N, int K, int num_threads);
